@@ -1,0 +1,589 @@
+"""The derivc IR: a small functional tensor language with schedule facts.
+
+A `Program` is a list of tensor definitions (`Def`).  A `Def` writes one tensor: a nest of
+`Loop`s (each a `Gen`: iterations are independent), an affine store index, an optional store
+guard, and a scalar `Expr` body.  Expressions are pure: reads with affine indices, scalar
+operations, reductions (`Reduce` sum / max), guards (`Select`), softmax, local tile buffers
+(`Let`) and the streaming `Fold` that ONLINE-AGG introduces.
+
+Schedule facts ride on nodes and never change meaning: a loop's `Mapping` (grid / warp /
+thread), a buffer's memory `level` and pipeline `stages`, a reduction's accumulator
+(`AccFact`) and tensor-core mapping (`MmaFact`).
+
+All nodes are frozen dataclasses; rules build new trees, they never mutate.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field, replace
+from typing import Callable, Iterator, Mapping as TMapping, Union
+
+# --------------------------------------------------------------------------- indices
+
+
+@dataclass(frozen=True)
+class Aff:
+    """An affine integer expression Σ cᵥ·v + const over index variables and size names."""
+
+    terms: tuple[tuple[str, int], ...] = ()
+    const: int = 0
+
+    @staticmethod
+    def of(name: str, coef: int = 1) -> "Aff":
+        return Aff(((name, coef),), 0) if coef else Aff()
+
+    @staticmethod
+    def lit(value: int) -> "Aff":
+        return Aff((), value)
+
+    @staticmethod
+    def build(coefs: TMapping[str, int], const: int = 0) -> "Aff":
+        return Aff(tuple(sorted((n, c) for n, c in coefs.items() if c)), const)
+
+    def coef(self, name: str) -> int:
+        return dict(self.terms).get(name, 0)
+
+    def names(self) -> frozenset[str]:
+        return frozenset(n for n, _ in self.terms)
+
+    def __add__(self, other: "Aff | int") -> "Aff":
+        other = other if isinstance(other, Aff) else Aff.lit(other)
+        coefs = dict(self.terms)
+        for n, c in other.terms:
+            coefs[n] = coefs.get(n, 0) + c
+        return Aff.build(coefs, self.const + other.const)
+
+    def __sub__(self, other: "Aff | int") -> "Aff":
+        other = other if isinstance(other, Aff) else Aff.lit(other)
+        return self + other.scale(-1)
+
+    def scale(self, k: int) -> "Aff":
+        return Aff.build({n: c * k for n, c in self.terms}, self.const * k)
+
+    def subst(self, name: str, value: "Aff") -> "Aff":
+        c = self.coef(name)
+        if not c:
+            return self
+        rest = Aff.build({n: k for n, k in self.terms if n != name}, self.const)
+        return rest + value.scale(c)
+
+    def rename(self, old: str, new: str) -> "Aff":
+        return self.subst(old, Aff.of(new))
+
+    def is_const(self) -> bool:
+        return not self.terms
+
+    def evaluate(self, env: TMapping[str, int]) -> int:
+        return self.const + sum(c * env[n] for n, c in self.terms)
+
+    def __str__(self) -> str:
+        parts: list[str] = []
+        for n, c in self.terms:
+            if c == 1:
+                parts.append(n)
+            elif c == -1:
+                parts.append(f"-{n}")
+            else:
+                parts.append(f"{c}*{n}")
+        if self.const or not parts:
+            parts.append(str(self.const))
+        return " + ".join(parts).replace("+ -", "- ")
+
+
+@dataclass(frozen=True)
+class Ext:
+    """A loop extent: min over parts of ceil(num / div).  One part is the common case."""
+
+    parts: tuple[tuple[Aff, int], ...]
+
+    @staticmethod
+    def of(num: Aff | int | str, div: int = 1) -> "Ext":
+        if isinstance(num, int):
+            num = Aff.lit(num)
+        elif isinstance(num, str):
+            num = Aff.of(num)
+        return Ext(((num, div),))
+
+    def single(self) -> tuple[Aff, int]:
+        if len(self.parts) != 1:
+            raise ValueError(f"extent {self} is a min of several parts")
+        return self.parts[0]
+
+    def const_value(self) -> int | None:
+        if all(a.is_const() for a, _ in self.parts):
+            return min(-(-a.const // d) for a, d in self.parts)
+        return None
+
+    def names(self) -> frozenset[str]:
+        out: frozenset[str] = frozenset()
+        for a, _ in self.parts:
+            out |= a.names()
+        return out
+
+    def subst(self, name: str, value: Aff) -> "Ext":
+        return Ext(tuple((a.subst(name, value), d) for a, d in self.parts))
+
+    def evaluate(self, env: TMapping[str, int]) -> int:
+        return max(0, min(-(-a.evaluate(env) // d) for a, d in self.parts))
+
+    def __str__(self) -> str:
+        def one(a: Aff, d: int) -> str:
+            if d == 1:
+                return str(a)
+            return f"ceil({a}/{d})" if len(a.terms) + bool(a.const) <= 1 else f"ceil(({a})/{d})"
+
+        if len(self.parts) == 1:
+            return one(*self.parts[0])
+        return "min(" + ", ".join(one(a, d) for a, d in self.parts) + ")"
+
+
+@dataclass(frozen=True)
+class Cond:
+    """lhs < rhs or lhs <= rhs over affine expressions."""
+
+    lhs: Aff
+    op: str
+    rhs: Aff
+
+    def __post_init__(self) -> None:
+        if self.op not in ("<", "<="):
+            raise ValueError(f"bad comparison {self.op}")
+
+    def names(self) -> frozenset[str]:
+        return self.lhs.names() | self.rhs.names()
+
+    def subst(self, name: str, value: Aff) -> "Cond":
+        return Cond(self.lhs.subst(name, value), self.op, self.rhs.subst(name, value))
+
+    def __str__(self) -> str:
+        return f"{self.lhs} {self.op} {self.rhs}"
+
+
+# --------------------------------------------------------------------------- schedule facts
+
+
+@dataclass(frozen=True)
+class Mapping:
+    """Where a parallel loop runs: level in grid | warp | thread, axis for the grid."""
+
+    level: str
+    axis: str = ""
+    count: int = 0  # warp/thread mapping: how many warps/threads share the loop (0: one per iteration)
+
+    def __str__(self) -> str:
+        base = f"{self.level}.{self.axis}" if self.axis else self.level
+        return f"{base}({self.count})" if self.count else base
+
+
+@dataclass(frozen=True)
+class AccFact:
+    """A reduction's accumulator: memory level and dtype (CACHE accum → register)."""
+
+    level: str
+    dtype: str
+
+
+@dataclass(frozen=True)
+class MmaFact:
+    """MAP-MMA: an inner tile product computed by tensor-core fragments of shape m×n×k."""
+
+    instr: str
+    m: int
+    n: int
+    k: int
+
+
+# --------------------------------------------------------------------------- expressions
+
+
+@dataclass(frozen=True)
+class Const:
+    value: float
+    label: str = ""
+
+
+@dataclass(frozen=True)
+class Read:
+    tensor: str
+    idx: tuple[Aff, ...]
+
+
+@dataclass(frozen=True)
+class Bin:
+    op: str  # + - * / max rescale (rescale(a, b) = exp(a - b), 1 when a == b)
+    a: "Expr"
+    b: "Expr"
+
+
+@dataclass(frozen=True)
+class Un:
+    op: str  # exp neg
+    a: "Expr"
+
+
+@dataclass(frozen=True)
+class Reduce:
+    op: str  # sum | max
+    var: str
+    ext: Ext
+    body: "Expr"
+    acc: AccFact | None = None
+    mma: MmaFact | None = None
+
+
+@dataclass(frozen=True)
+class Select:
+    conds: tuple[Cond, ...]
+    then: "Expr"
+    other: "Expr"
+
+
+@dataclass(frozen=True)
+class Softmax:
+    """exp(score[var := at]) / Σ_{var<ext, mask} exp(score); masked positions give 0."""
+
+    var: str
+    ext: Ext
+    score: "Expr"
+    at: Aff
+    mask: tuple[Cond, ...] = ()
+
+
+@dataclass(frozen=True)
+class Binding:
+    """A local buffer name[dims] = value (dims empty: a scalar), at a memory level."""
+
+    name: str
+    dims: tuple[tuple[str, Ext], ...]
+    value: "Expr"
+    level: str = "register"
+    stages: int = 1
+    source: str = ""  # the tensor this buffer caches (CACHE), for the reader and the lowering
+
+
+@dataclass(frozen=True)
+class Let:
+    bind: Binding
+    body: "Expr"
+
+
+@dataclass(frozen=True)
+class Fold:
+    """Sequential fold over var < ext carrying scalar state.
+
+    Each step: evaluate `binds` in order (old state visible), then all `update`s at once
+    (old state and binds visible).  The value is `result` over the final state.
+    """
+
+    var: str
+    ext: Ext
+    state: tuple[str, ...]
+    init: tuple["Expr", ...]
+    binds: tuple[Binding, ...]
+    update: tuple["Expr", ...]
+    result: "Expr"
+
+
+Expr = Union[Const, Read, Bin, Un, Reduce, Select, Softmax, Let, Fold]
+
+# --------------------------------------------------------------------------- statements
+
+
+@dataclass(frozen=True)
+class Loop:
+    var: str
+    ext: Ext
+    mapping: Mapping | None = None
+
+
+@dataclass(frozen=True)
+class TensorType:
+    dims: tuple[Aff, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Def:
+    """name[store] = body for every point of the loop nest where all guards hold."""
+
+    name: str
+    type: TensorType
+    loops: tuple[Loop, ...]
+    store: tuple[Aff, ...]
+    body: Expr
+    guard: tuple[Cond, ...] = ()
+    level: str = "global"
+
+
+@dataclass(frozen=True)
+class Program:
+    sizes: tuple[tuple[str, int | None], ...]  # None: dynamic
+    inputs: tuple[tuple[str, TensorType], ...]
+    defs: tuple[Def, ...]
+    output: str
+    facts: tuple[tuple[str, str], ...] = field(default=())
+
+    def size_map(self) -> dict[str, int | None]:
+        return dict(self.sizes)
+
+    def input_map(self) -> dict[str, TensorType]:
+        return dict(self.inputs)
+
+    def def_named(self, name: str) -> Def:
+        for d in self.defs:
+            if d.name == name:
+                return d
+        raise KeyError(name)
+
+    def has_def(self, name: str) -> bool:
+        return any(d.name == name for d in self.defs)
+
+    def with_def(self, new: Def) -> "Program":
+        return replace(self, defs=tuple(new if d.name == new.name else d for d in self.defs))
+
+    def tensor_type(self, name: str) -> TensorType:
+        inputs = self.input_map()
+        if name in inputs:
+            return inputs[name]
+        return self.def_named(name).type
+
+    def digest(self) -> str:
+        from .printer import show_program
+
+        return hashlib.sha256(show_program(self).encode()).hexdigest()[:16]
+
+
+# --------------------------------------------------------------------------- traversal
+
+
+def children(e: Expr) -> tuple[Expr, ...]:
+    if isinstance(e, (Const, Read)):
+        return ()
+    if isinstance(e, Bin):
+        return (e.a, e.b)
+    if isinstance(e, Un):
+        return (e.a,)
+    if isinstance(e, Reduce):
+        return (e.body,)
+    if isinstance(e, Select):
+        return (e.then, e.other)
+    if isinstance(e, Softmax):
+        return (e.score,)
+    if isinstance(e, Let):
+        return (e.bind.value, e.body)
+    if isinstance(e, Fold):
+        return (*e.init, *(b.value for b in e.binds), *e.update, e.result)
+    raise TypeError(f"not an expression: {e!r}")
+
+
+def walk(e: Expr) -> Iterator[Expr]:
+    """Every sub-expression, pre-order."""
+    yield e
+    for c in children(e):
+        yield from walk(c)
+
+
+def map_children(e: Expr, f: Callable[[Expr], Expr]) -> Expr:
+    """Rebuild e with f applied to each direct child."""
+    if isinstance(e, (Const, Read)):
+        return e
+    if isinstance(e, Bin):
+        return Bin(e.op, f(e.a), f(e.b))
+    if isinstance(e, Un):
+        return Un(e.op, f(e.a))
+    if isinstance(e, Reduce):
+        return replace(e, body=f(e.body))
+    if isinstance(e, Select):
+        return Select(e.conds, f(e.then), f(e.other))
+    if isinstance(e, Softmax):
+        return replace(e, score=f(e.score))
+    if isinstance(e, Let):
+        return Let(replace(e.bind, value=f(e.bind.value)), f(e.body))
+    if isinstance(e, Fold):
+        return replace(
+            e,
+            init=tuple(f(x) for x in e.init),
+            binds=tuple(replace(b, value=f(b.value)) for b in e.binds),
+            update=tuple(f(x) for x in e.update),
+            result=f(e.result),
+        )
+    raise TypeError(f"not an expression: {e!r}")
+
+
+def bound_here(e: Expr) -> frozenset[str]:
+    """Index variables bound by this node (visible in some children)."""
+    if isinstance(e, (Reduce, Softmax, Fold)):
+        return frozenset({e.var})
+    if isinstance(e, Let):
+        return frozenset(v for v, _ in e.bind.dims)
+    return frozenset()
+
+
+def free_indices(e: Expr) -> frozenset[str]:
+    """Index variables and size names used free in e (tensor names excluded)."""
+    if isinstance(e, Const):
+        return frozenset()
+    if isinstance(e, Read):
+        out: frozenset[str] = frozenset()
+        for a in e.idx:
+            out |= a.names()
+        return out
+    if isinstance(e, Select):
+        out = frozenset()
+        for c in e.conds:
+            out |= c.names()
+        return out | free_indices(e.then) | free_indices(e.other)
+    if isinstance(e, Reduce):
+        return e.ext.names() | (free_indices(e.body) - {e.var})
+    if isinstance(e, Softmax):
+        mask: frozenset[str] = frozenset()
+        for c in e.mask:
+            mask |= c.names()
+        return e.ext.names() | e.at.names() | ((free_indices(e.score) | mask) - {e.var})
+    if isinstance(e, Let):
+        dims = {v for v, _ in e.bind.dims}
+        exts: frozenset[str] = frozenset()
+        for _, x in e.bind.dims:
+            exts |= x.names()
+        return exts | (free_indices(e.bind.value) - dims) | free_indices(e.body)
+    if isinstance(e, Fold):
+        out = e.ext.names()
+        for x in e.init:
+            out |= free_indices(x)
+        inner: frozenset[str] = free_indices(e.result)
+        for b in e.binds:
+            dims = {v for v, _ in b.dims}
+            inner |= free_indices(b.value) - dims
+            for _, x in b.dims:
+                inner |= x.names()
+        for x in e.update:
+            inner |= free_indices(x)
+        return out | (inner - {e.var})
+    if isinstance(e, (Bin, Un)):
+        out = frozenset()
+        for c in children(e):
+            out |= free_indices(c)
+        return out
+    raise TypeError(f"not an expression: {e!r}")
+
+
+def tensors_read(e: Expr) -> frozenset[str]:
+    return frozenset(x.tensor for x in walk(e) if isinstance(x, Read))
+
+
+def subst_index(e: Expr, name: str, value: Aff) -> Expr:
+    """Substitute index variable `name` := value (capture-avoiding: binders must not clash)."""
+    if isinstance(e, Const):
+        return e
+    if isinstance(e, Read):
+        return Read(e.tensor, tuple(a.subst(name, value) for a in e.idx))
+    if isinstance(e, Select):
+        return Select(
+            tuple(c.subst(name, value) for c in e.conds),
+            subst_index(e.then, name, value),
+            subst_index(e.other, name, value),
+        )
+    if isinstance(e, Reduce):
+        ext = e.ext.subst(name, value)
+        if e.var == name:
+            return replace(e, ext=ext)
+        _check_capture(e.var, value)
+        return replace(e, ext=ext, body=subst_index(e.body, name, value))
+    if isinstance(e, Softmax):
+        ext, at = e.ext.subst(name, value), e.at.subst(name, value)
+        if e.var == name:
+            return replace(e, ext=ext, at=at)
+        _check_capture(e.var, value)
+        return replace(
+            e,
+            ext=ext,
+            at=at,
+            score=subst_index(e.score, name, value),
+            mask=tuple(c.subst(name, value) for c in e.mask),
+        )
+    if isinstance(e, Let):
+        b = e.bind
+        dims = tuple((v, x.subst(name, value)) for v, x in b.dims)
+        dim_names = {v for v, _ in b.dims}
+        for v in dim_names:
+            _check_capture(v, value)
+        new_value = b.value if name in dim_names else subst_index(b.value, name, value)
+        return Let(replace(b, dims=dims, value=new_value), subst_index(e.body, name, value))
+    if isinstance(e, Fold):
+        ext = e.ext.subst(name, value)
+        init = tuple(subst_index(x, name, value) for x in e.init)
+        if e.var == name:
+            return replace(e, ext=ext, init=init)
+        _check_capture(e.var, value)
+        binds = []
+        for b in e.binds:
+            dim_names = {v for v, _ in b.dims}
+            binds.append(
+                replace(
+                    b,
+                    dims=tuple((v, x.subst(name, value)) for v, x in b.dims),
+                    value=b.value if name in dim_names else subst_index(b.value, name, value),
+                )
+            )
+        return replace(
+            e,
+            ext=ext,
+            init=init,
+            binds=tuple(binds),
+            update=tuple(subst_index(x, name, value) for x in e.update),
+            result=subst_index(e.result, name, value),
+        )
+    return map_children(e, lambda c: subst_index(c, name, value))
+
+
+def _check_capture(binder: str, value: Aff) -> None:
+    if binder in value.names():
+        raise ValueError(f"substitution would capture index {binder}")
+
+
+def rename_tensor(e: Expr, old: str, new: str) -> Expr:
+    """Replace reads of tensor `old` by reads of `new` (same indices)."""
+    if isinstance(e, Read):
+        return Read(new, e.idx) if e.tensor == old else e
+    return map_children(e, lambda c: rename_tensor(c, old, new))
+
+
+def replace_reads(e: Expr, tensor: str, f: Callable[[Read], Expr]) -> Expr:
+    """Replace every read of `tensor` by f(read)."""
+    if isinstance(e, Read):
+        return f(e) if e.tensor == tensor else e
+    return map_children(e, lambda c: replace_reads(c, tensor, f))
+
+
+def all_binders(e: Expr) -> frozenset[str]:
+    out: frozenset[str] = frozenset()
+    for x in walk(e):
+        out |= bound_here(x)
+        if isinstance(x, Let):
+            out |= {x.bind.name}
+        if isinstance(x, Fold):
+            out |= set(x.state) | {b.name for b in x.binds}
+    return out
+
+
+def fresh(base: str, taken: frozenset[str] | set[str]) -> str:
+    """A name starting with `base` that is not in `taken`."""
+    if base not in taken:
+        return base
+    k = 2
+    while f"{base}{k}" in taken:
+        k += 1
+    return f"{base}{k}"
+
+
+def names_in_program(p: Program) -> frozenset[str]:
+    out: set[str] = {n for n, _ in p.sizes} | {n for n, _ in p.inputs}
+    for d in p.defs:
+        out.add(d.name)
+        out |= {lp.var for lp in d.loops}
+        out |= all_binders(d.body)
+    return frozenset(out)
+
+
+def sub_exprs_of_def(d: Def) -> Iterator[Expr]:
+    yield from walk(d.body)

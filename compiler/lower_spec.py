@@ -1,0 +1,156 @@
+"""Spec → IR₀: the program whose meaning *is* the spec.
+
+Each statement becomes one `Def` that loops over its left-hand indices.  Index extents are
+inferred from the dimensions they index (an index used for two different sizes is an error).
+"""
+from __future__ import annotations
+
+from .errors import SpecError
+from .ir import (
+    Aff, Bin, Cond, Const, Def, Expr, Ext, Loop, Program, Read, Reduce, Select, Softmax,
+    TensorType, Un,
+)
+from .parse import (
+    PAff, PBin, PCall, PCond, PExpr, PName, PNum, PRead, PReduce, PStatement, PWhere,
+    ParseError, parse_statement,
+)
+from .spec import SpecFile, param_value
+
+
+class _Lowering:
+    def __init__(self, spec: SpecFile):
+        self.spec = spec
+        self.types: dict[str, TensorType] = {}
+        for name, decl in spec.inputs.items():
+            for k, dim in enumerate(decl.shape):
+                if dim not in spec.sizes:
+                    raise SpecError(f"inputs.{name}.shape[{k}]", f"unknown size {dim!r} (declared: {', '.join(spec.sizes)})")
+            self.types[name] = TensorType(tuple(Aff.of(d) for d in decl.shape), decl.dtype)
+        clash = set(spec.inputs) & set(spec.sizes) | set(spec.params) & (set(spec.sizes) | set(spec.inputs))
+        if clash:
+            raise SpecError("inputs", f"name used twice: {sorted(clash)[0]}")
+
+    def statement(self, k: int, text: str) -> Def:
+        where = f"statements[{k}]"
+        try:
+            st = parse_statement(text)
+        except ParseError as exc:
+            raise SpecError(where, f"cannot parse {text!r}: {exc}") from None
+        if st.tensor in self.types:
+            raise SpecError(where, f"tensor {st.tensor} is already defined")
+        for v in st.idx:
+            if v in self.spec.sizes or v in self.types or v in self.spec.params:
+                raise SpecError(where, f"index {v} clashes with a size, tensor or parameter name")
+        extents: dict[str, str] = {}
+        self._infer(st.body, extents, where, set())
+        missing = [v for v in st.idx if v not in extents]
+        if missing:
+            raise SpecError(where, f"index {missing[0]} of {st.tensor} is not used to index any tensor, so its extent is unknown")
+        body = self.expr(st.body, st, extents, where, bound=set(st.idx))
+        dims = tuple(Aff.of(extents[v]) for v in st.idx)
+        is_out = st.tensor == self.spec.output.tensor
+        dtype = self.spec.output.dtype if is_out else "f32"
+        self.types[st.tensor] = TensorType(dims, dtype)
+        return Def(
+            name=st.tensor,
+            type=TensorType(dims, dtype),
+            loops=tuple(Loop(v, Ext.of(extents[v])) for v in st.idx),
+            store=tuple(Aff.of(v) for v in st.idx),
+            body=body,
+        )
+
+    def _infer(self, e: PExpr, extents: dict[str, str], where: str, scope: set[str]) -> None:
+        if isinstance(e, PRead):
+            t = self.types.get(e.tensor)
+            if t is None:
+                raise SpecError(where, f"unknown tensor {e.tensor!r} (known: {', '.join(self.types)})")
+            if len(e.idx) != len(t.dims):
+                raise SpecError(where, f"{e.tensor} has {len(t.dims)} dimensions, indexed with {len(e.idx)}")
+            for a, dim in zip(e.idx, t.dims):
+                if len(a.coefs) == 1 and a.coefs[0][1] == 1 and a.const == 0:
+                    v = a.coefs[0][0]
+                    size = next(iter(dim.names()))
+                    if v in self.spec.sizes:
+                        continue
+                    if extents.get(v, size) != size:
+                        raise SpecError(where, f"index {v} indexes dimensions of sizes {extents[v]} and {size}")
+                    extents[v] = size
+        elif isinstance(e, PBin):
+            self._infer(e.a, extents, where, scope)
+            self._infer(e.b, extents, where, scope)
+        elif isinstance(e, PCall):
+            self._infer(e.a, extents, where, scope)
+        elif isinstance(e, PReduce):
+            self._infer(e.body, extents, where, scope | {e.var})
+        elif isinstance(e, PWhere):
+            self._infer(e.then, extents, where, scope)
+            self._infer(e.other, extents, where, scope)
+
+    def aff(self, a: PAff, bound: set[str], where: str) -> Aff:
+        for n, _ in a.coefs:
+            if n not in bound and n not in self.spec.sizes:
+                raise SpecError(where, f"unknown index {n!r}")
+        return Aff.build(dict(a.coefs), a.const)
+
+    def cond(self, c: PCond, bound: set[str], where: str) -> Cond:
+        return Cond(self.aff(c.lhs, bound, where), c.op, self.aff(c.rhs, bound, where))
+
+    def expr(self, e: PExpr, st: PStatement, extents: dict[str, str], where: str, bound: set[str]) -> Expr:
+        if isinstance(e, PNum):
+            return Const(e.value)
+        if isinstance(e, PName):
+            if e.name in self.spec.params:
+                return Const(param_value(self.spec, e.name), e.name)
+            raise SpecError(where, f"unknown name {e.name!r} (parameters: {', '.join(self.spec.params) or 'none'})")
+        if isinstance(e, PRead):
+            return Read(e.tensor, tuple(self.aff(a, bound, where) for a in e.idx))
+        if isinstance(e, PBin):
+            return Bin(e.op, self.expr(e.a, st, extents, where, bound), self.expr(e.b, st, extents, where, bound))
+        if isinstance(e, PCall):
+            return Un(e.fn, self.expr(e.a, st, extents, where, bound))
+        if isinstance(e, PWhere):
+            conds = tuple(self.cond(c, bound, where) for c in e.conds)
+            return Select(conds, self.expr(e.then, st, extents, where, bound), self.expr(e.other, st, extents, where, bound))
+        if isinstance(e, PReduce):
+            if e.var not in extents:
+                raise SpecError(where, f"reduction index {e.var} does not index any tensor")
+            ext = Ext.of(extents[e.var])
+            if e.op == "softmax":
+                return self.softmax(e, st, extents, where, bound, ext)
+            if e.var in bound:
+                raise SpecError(where, f"reduction index {e.var} is already bound")
+            inner = bound | {e.var}
+            body = self.expr(e.body, st, extents, where, inner)
+            if e.guard:
+                neutral = Const(0.0) if e.op == "sum" else Const(float("-inf"))
+                body = Select(tuple(self.cond(c, inner, where) for c in e.guard), body, neutral)
+            return Reduce(e.op, e.var, ext, body)
+        raise SpecError(where, f"unsupported expression {e!r}")
+
+    def softmax(self, e: PReduce, st: PStatement, extents: dict[str, str], where: str, bound: set[str], ext: Ext) -> Expr:
+        if e.var not in st.idx:
+            raise SpecError(
+                where,
+                f"softmax over index {e.var}, but {st.tensor}[{', '.join(st.idx)}] has no index {e.var}",
+            )
+        inner_var = e.var + "_"
+        while inner_var in bound:
+            inner_var += "_"
+        body = self.expr(e.body, st, extents, where, bound)
+        from .ir import subst_index
+
+        score = subst_index(body, e.var, Aff.of(inner_var))
+        mask = tuple(self.cond(c, bound, where).subst(e.var, Aff.of(inner_var)) for c in e.guard)
+        return Softmax(inner_var, ext, score, Aff.of(e.var), mask)
+
+
+def lower_spec(spec: SpecFile) -> Program:
+    """IR₀ of a validated spec."""
+    low = _Lowering(spec)
+    defs = tuple(low.statement(k, text) for k, text in enumerate(spec.statements))
+    names = [d.name for d in defs]
+    if spec.output.tensor not in names:
+        raise SpecError("output.tensor", f"{spec.output.tensor!r} is not defined by any statement (defined: {', '.join(names)})")
+    sizes = tuple((n, (None if v == "dynamic" else int(v))) for n, v in spec.sizes.items())
+    inputs = tuple((n, low.types[n]) for n in spec.inputs)
+    return Program(sizes=sizes, inputs=inputs, defs=defs, output=spec.output.tensor)

@@ -1,0 +1,278 @@
+"""Parser for tensor statements in index notation.
+
+    C[i, j] = sum(k: A[i, k] * B[k, j])
+    S[b, h, i, j] = scale * sum(e: Q[b, h, i, e] * K[b, h, j, e])
+    P[b, h, i, j] = softmax(j | j <= i: S[b, h, i, j])
+    O[b, h, i, d] = sum(j: P[b, h, i, j] * V[b, h, j, d])
+
+Grammar: + - * / with the usual precedence, unary minus, numbers, parameter names,
+reads `T[affine, ...]`, `exp(e)`, `max(a, b)`, reductions `sum(v: e)` / `max(v: e)` with an
+optional guard `sum(v | cond && cond: e)`, `softmax(v [| cond]: e)` and `where(cond, a, b)`.
+Affine indices: `i`, `2*i + 1`, `i - j`; conditions `a < b` / `a <= b`.
+The parser produces a small syntax tree; `lower_spec` turns it into IR.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Union
+
+TOKEN = re.compile(r"\s*(?:(\d+\.\d*(?:[eE][-+]?\d+)?|\d+(?:[eE][-+]?\d+)?)|([A-Za-z_][A-Za-z_0-9]*)|(<=|&&|[-+*/()\[\],:<|=]))")
+
+
+class ParseError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class PNum:
+    value: float
+
+
+@dataclass(frozen=True)
+class PName:
+    name: str
+
+
+@dataclass(frozen=True)
+class PAff:
+    coefs: tuple[tuple[str, int], ...]
+    const: int
+
+
+@dataclass(frozen=True)
+class PCond:
+    lhs: PAff
+    op: str
+    rhs: PAff
+
+
+@dataclass(frozen=True)
+class PRead:
+    tensor: str
+    idx: tuple[PAff, ...]
+
+
+@dataclass(frozen=True)
+class PBin:
+    op: str
+    a: "PExpr"
+    b: "PExpr"
+
+
+@dataclass(frozen=True)
+class PCall:
+    fn: str  # exp | neg
+    a: "PExpr"
+
+
+@dataclass(frozen=True)
+class PReduce:
+    op: str  # sum | max | softmax
+    var: str
+    guard: tuple[PCond, ...]
+    body: "PExpr"
+
+
+@dataclass(frozen=True)
+class PWhere:
+    conds: tuple[PCond, ...]
+    then: "PExpr"
+    other: "PExpr"
+
+
+PExpr = Union[PNum, PName, PRead, PBin, PCall, PReduce, PWhere]
+
+
+@dataclass(frozen=True)
+class PStatement:
+    tensor: str
+    idx: tuple[str, ...]
+    body: PExpr
+
+
+def tokenize(text: str) -> list[str]:
+    out, pos = [], 0
+    text = text.rstrip()
+    while pos < len(text):
+        m = TOKEN.match(text, pos)
+        if not m or m.end() == pos:
+            raise ParseError(f"unexpected character {text[pos:].strip()[:1]!r} at column {pos + 1}")
+        out.append(m.group(m.lastindex))
+        pos = m.end()
+    return out
+
+
+class _Parser:
+    def __init__(self, text: str):
+        self.toks = tokenize(text)
+        self.pos = 0
+
+    def peek(self, k: int = 0) -> str | None:
+        i = self.pos + k
+        return self.toks[i] if i < len(self.toks) else None
+
+    def take(self, expect: str | None = None) -> str:
+        tok = self.peek()
+        if tok is None:
+            raise ParseError(f"unexpected end, expected {expect or 'more input'}")
+        if expect is not None and tok != expect:
+            raise ParseError(f"expected {expect!r}, found {tok!r}")
+        self.pos += 1
+        return tok
+
+    def name(self) -> str:
+        tok = self.take()
+        if not re.fullmatch(r"[A-Za-z_]\w*", tok):
+            raise ParseError(f"expected a name, found {tok!r}")
+        return tok
+
+    def statement(self) -> PStatement:
+        tensor = self.name()
+        self.take("[")
+        idx = [self.name()]
+        while self.peek() == ",":
+            self.take(",")
+            idx.append(self.name())
+        self.take("]")
+        self.take("=")
+        body = self.expr()
+        if self.peek() is not None:
+            raise ParseError(f"unexpected {self.peek()!r} after the expression")
+        if len(set(idx)) != len(idx):
+            raise ParseError(f"repeated index on the left of {tensor}[{', '.join(idx)}]")
+        return PStatement(tensor, tuple(idx), body)
+
+    def expr(self) -> PExpr:
+        e = self.term()
+        while self.peek() in ("+", "-"):
+            op = self.take()
+            e = PBin(op, e, self.term())
+        return e
+
+    def term(self) -> PExpr:
+        e = self.factor()
+        while self.peek() in ("*", "/"):
+            op = self.take()
+            e = PBin(op, e, self.factor())
+        return e
+
+    def factor(self) -> PExpr:
+        if self.peek() == "-":
+            self.take()
+            return PCall("neg", self.factor())
+        return self.atom()
+
+    def atom(self) -> PExpr:
+        tok = self.peek()
+        if tok is None:
+            raise ParseError("unexpected end of expression")
+        if tok == "(":
+            self.take()
+            e = self.expr()
+            self.take(")")
+            return e
+        if re.fullmatch(r"[\d.]+(?:[eE][-+]?\d+)?", tok):
+            self.take()
+            return PNum(float(tok))
+        name = self.name()
+        if self.peek() == "[":
+            self.take("[")
+            idx = [self.aff()]
+            while self.peek() == ",":
+                self.take(",")
+                idx.append(self.aff())
+            self.take("]")
+            return PRead(name, tuple(idx))
+        if self.peek() == "(":
+            return self.call(name)
+        return PName(name)
+
+    def call(self, fn: str) -> PExpr:
+        self.take("(")
+        if fn in ("sum", "max", "softmax") and self.peek(1) in (":", "|"):
+            var = self.name()
+            guard: tuple[PCond, ...] = ()
+            if self.peek() == "|":
+                self.take("|")
+                guard = self.conds()
+            self.take(":")
+            body = self.expr()
+            self.take(")")
+            return PReduce(fn, var, guard, body)
+        if fn == "exp":
+            a = self.expr()
+            self.take(")")
+            return PCall("exp", a)
+        if fn == "max":
+            a = self.expr()
+            self.take(",")
+            b = self.expr()
+            self.take(")")
+            return PBin("max", a, b)
+        if fn == "where":
+            conds = self.conds()
+            self.take(",")
+            a = self.expr()
+            self.take(",")
+            b = self.expr()
+            self.take(")")
+            return PWhere(conds, a, b)
+        raise ParseError(
+            f"unknown function {fn!r} (known: sum(v: e), max(v: e), max(a, b), exp(e), "
+            "softmax(v: e), where(cond, a, b))"
+        )
+
+    def conds(self) -> tuple[PCond, ...]:
+        out = [self.cond()]
+        while self.peek() == "&&":
+            self.take("&&")
+            out.append(self.cond())
+        return tuple(out)
+
+    def cond(self) -> PCond:
+        lhs = self.aff()
+        op = self.take()
+        if op not in ("<", "<="):
+            raise ParseError(f"expected < or <= in a condition, found {op!r}")
+        return PCond(lhs, op, self.aff())
+
+    def aff(self) -> PAff:
+        coefs: dict[str, int] = {}
+        const = 0
+        sign = 1
+        if self.peek() == "-":
+            self.take()
+            sign = -1
+        while True:
+            c, n = self.aff_term()
+            if n is None:
+                const += sign * c
+            else:
+                coefs[n] = coefs.get(n, 0) + sign * c
+            if self.peek() in ("+", "-"):
+                sign = 1 if self.take() == "+" else -1
+                continue
+            break
+        return PAff(tuple(sorted(coefs.items())), const)
+
+    def aff_term(self) -> tuple[int, str | None]:
+        tok = self.take()
+        if tok.isdigit():
+            if self.peek() == "*":
+                self.take("*")
+                return int(tok), self.name()
+            return int(tok), None
+        if re.fullmatch(r"[A-Za-z_]\w*", tok):
+            if self.peek() == "*":
+                self.take("*")
+                k = self.take()
+                if not k.isdigit():
+                    raise ParseError(f"index expressions must be affine: {tok}*{k}")
+                return int(k), tok
+            return 1, tok
+        raise ParseError(f"expected an index term, found {tok!r}")
+
+
+def parse_statement(text: str) -> PStatement:
+    return _Parser(text).statement()

@@ -1,0 +1,203 @@
+"""What every rule is: a named, parameterised, checked rewrite of a Program.
+
+A rule module defines one `Rule` subclass with
+- `name` (the schedule's `rule:` value) and `kind` (one of the eight rule kinds + MAP-MMA),
+- `theorem`: the name of its soundness theorem in lean/ and proofs_ci/coq/ (the same name),
+- `Params`: a pydantic model of the step's parameters,
+- `check(program, params) -> Facts`: the precondition; raises `DerivationError` with a reason,
+- `rewrite(program, params, facts) -> Program`: the new program (meaning unchanged).
+The `facts` dict records what the check established (shown in derivation.json and report.md);
+`site` in it names the rewritten node for the proof obligation exporter.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, ClassVar, Iterator
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ..errors import DerivationError
+from ..ir import (
+    Aff, Def, Expr, Ext, Fold, Let, Program, Reduce, Softmax, bound_here, map_children, walk,
+)
+
+Facts = dict[str, Any]
+
+
+class StepParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Rule:
+    name: ClassVar[str]
+    kind: ClassVar[str]
+    theorem: ClassVar[str]
+    Params: ClassVar[type[StepParams]]
+
+    def parse_params(self, raw: dict[str, Any]) -> StepParams:
+        try:
+            return self.Params.model_validate(raw)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            loc = ".".join(str(x) for x in err["loc"]) or "parameters"
+            msg = "unknown parameter" if err["type"] == "extra_forbidden" else err["msg"]
+            known = ", ".join(self.Params.model_fields)
+            raise DerivationError(self.name, f"parameter {loc}: {msg} (parameters of {self.name}: {known})") from None
+
+    def check(self, prog: Program, params: Any) -> Facts:
+        raise NotImplementedError
+
+    def rewrite(self, prog: Program, params: Any, facts: Facts) -> Program:
+        raise NotImplementedError
+
+    def fail(self, reason: str) -> DerivationError:
+        return DerivationError(self.name, reason)
+
+    # ------------------------------------------------------------------ helpers for rules
+
+    def get_def(self, prog: Program, name: str) -> Def:
+        if not prog.has_def(name):
+            known = ", ".join(d.name for d in prog.defs)
+            raise self.fail(f"no definition named {name!r} (defined: {known})")
+        return prog.def_named(name)
+
+
+def binder_names(d: Def) -> list[str]:
+    """Loop vars then every index bound inside the body, in order."""
+    out = [lp.var for lp in d.loops]
+    for e in walk(d.body):
+        out.extend(sorted(bound_here(e)))
+    return out
+
+
+def find_binder(d: Def, var: str) -> Expr | None:
+    """The Reduce / Softmax / Fold in d's body that binds var (None if var is a loop)."""
+    for e in walk(d.body):
+        if isinstance(e, (Reduce, Softmax, Fold)) and e.var == var:
+            return e
+    return None
+
+
+def replace_node(e: Expr, target: Expr, new: Expr) -> Expr:
+    """e with the node `target` (by identity) replaced by `new`."""
+    if e is target:
+        return new
+    return map_children(e, lambda c: replace_node(c, target, new))
+
+
+def enclosing_binders(root: Expr, target: Expr) -> list[Expr]:
+    """The binding nodes (Reduce/Softmax/Fold/Let) on the path from root to target."""
+    path: list[Expr] = []
+
+    def go(e: Expr) -> bool:
+        if e is target:
+            return True
+        from ..ir import children
+
+        for c in children(e):
+            if go(c):
+                if isinstance(e, (Reduce, Softmax, Fold, Let)):
+                    path.append(e)
+                return True
+        return False
+
+    go(root)
+    return list(reversed(path))
+
+
+def const_extent(prog: Program, ext: Ext) -> int | None:
+    """The extent's value when it depends only on fixed sizes."""
+    fixed = {n: v for n, v in prog.sizes if v is not None}
+    if not ext.names() <= set(fixed):
+        return None
+    return ext.evaluate(fixed)
+
+
+def const_aff(prog: Program, a: Aff) -> int | None:
+    fixed = {n: v for n, v in prog.sizes if v is not None}
+    if not a.names() <= set(fixed):
+        return None
+    return a.evaluate(fixed)
+
+
+def replace_def(prog: Program, d: Def) -> Program:
+    return prog.with_def(d)
+
+
+def drop_def(prog: Program, name: str) -> Program:
+    return replace(prog, defs=tuple(x for x in prog.defs if x.name != name))
+
+
+def readers_of(prog: Program, name: str) -> Iterator[Def]:
+    from ..ir import tensors_read
+
+    for d in prog.defs:
+        if name in tensors_read(d.body):
+            yield d
+
+
+def guarded(conds: tuple, body: Expr, neutral: Expr) -> Expr:
+    """[conds] ? body : neutral, merging with a body that is already guarded the same way."""
+    from ..ir import Select
+
+    if isinstance(body, Select) and body.other == neutral:
+        return Select(tuple(conds) + body.conds, body.then, neutral)
+    return Select(tuple(conds), body, neutral)
+
+
+def freshen_binders(e: Expr, taken: set[str]) -> Expr:
+    """e with every index it binds renamed to a name not in `taken` (taken is extended)."""
+    from ..ir import Aff, Binding, Fold, Let, Reduce, Softmax, subst_index
+
+    def new_name(v: str) -> str:
+        from ..ir import fresh
+
+        n = fresh(v, taken)
+        taken.add(n)
+        return n
+
+    def go(x: Expr) -> Expr:
+        x = map_children(x, go)
+        if isinstance(x, Reduce):
+            v = new_name(x.var)
+            return replace(x, var=v, body=subst_index(x.body, x.var, Aff.of(v)))
+        if isinstance(x, Softmax):
+            v = new_name(x.var)
+            return replace(x, var=v, score=subst_index(x.score, x.var, Aff.of(v)),
+                           mask=tuple(c.subst(x.var, Aff.of(v)) for c in x.mask))
+        return x
+
+    return go(e)
+
+
+def alpha_normal(e: Expr) -> Expr:
+    """e with its bound indices renamed canonically (_b0, _b1, … in pre-order)."""
+    counter = [0]
+
+    def go(x: Expr) -> Expr:
+        from ..ir import Aff, Reduce, Softmax, subst_index
+
+        if isinstance(x, (Reduce, Softmax)):
+            v = f"_b{counter[0]}"
+            counter[0] += 1
+            renamed = subst_index_bound(x, v)
+            return map_children(renamed, go)
+        return map_children(x, go)
+
+    return go(e)
+
+
+def subst_index_bound(x: Expr, new: str) -> Expr:
+    """Rename the index bound by a Reduce/Softmax node to `new`."""
+    from ..ir import Aff, Reduce, Softmax, subst_index
+
+    if isinstance(x, Reduce):
+        return replace(x, var=new, body=subst_index(x.body, x.var, Aff.of(new)))
+    if isinstance(x, Softmax):
+        return replace(x, var=new, score=subst_index(x.score, x.var, Aff.of(new)),
+                       mask=tuple(c.subst(x.var, Aff.of(new)) for c in x.mask))
+    return x
+
+
+def alpha_equal(a: Expr, b: Expr) -> bool:
+    return alpha_normal(a) == alpha_normal(b)

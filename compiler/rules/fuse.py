@@ -1,0 +1,96 @@
+"""FUSE: inline a producer definition into its consumers (F4: one kernel, no HBM round trip).
+
+    before:  def P[i, j] = f(i, j)             def O[i, d] = sum(j < N: P[i, j] * V[j, d])
+    after:                                     def O[i, d] = sum(j < N: f(i, j) * V[j, d])
+
+Each read P[a, b] becomes f with P's loop indices replaced by the read's index expressions
+(the producer's bound indices are renamed apart first).  Preconditions: P is a definition, not
+the output; P's loop nest is untiled and unmapped with the plain store P[i, j] and no guard —
+a tiled producer and a consumer reading it untiled are mismatched tilings, refused; every read
+index stays inside P's extents or under a guard.  With `def` the producer is inlined into that
+consumer only; it is removed once nothing reads it.
+Theorem: gen_inline (lean/Derivc/Rules/Fuse.lean, proofs_ci/coq).  Inverse: `unfuse`.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from pydantic import Field
+
+from ..ir import Aff, Def, Expr, Program, Read, names_in_program, replace_reads, subst_index, tensors_read
+from . import register
+from .base import Facts, Rule, StepParams, drop_def, freshen_binders, readers_of
+
+
+class FuseParams(StepParams):
+    producer: str
+    def_: str | None = Field(default=None, alias="def")
+
+
+def inline_reads(consumer: Def, producer: Def, taken: set[str]) -> Def:
+    """consumer with every read of producer replaced by producer's body at the read index."""
+
+    def expand(r: Read) -> Expr:
+        body = freshen_binders(producer.body, taken)
+        temps = [f"__fuse{k}" for k in range(len(producer.loops))]
+        for lp, tmp in zip(producer.loops, temps):
+            body = subst_index(body, lp.var, Aff.of(tmp))
+        for tmp, a in zip(temps, r.idx):
+            body = subst_index(body, tmp, a)
+        return body
+
+    return replace(consumer, body=replace_reads(consumer.body, producer.name, expand))
+
+
+class Fuse(Rule):
+    name = "fuse"
+    kind = "FUSE"
+    theorem = "gen_inline"
+    Params = FuseParams
+
+    def check(self, prog: Program, p: FuseParams) -> Facts:
+        prod = self.get_def(prog, p.producer)
+        if prod.name == prog.output:
+            raise self.fail(f"{prod.name} is the program's output; it cannot be inlined away")
+        plain = tuple(Aff.of(lp.var) for lp in prod.loops)
+        if prod.store != plain or prod.guard or any(lp.mapping for lp in prod.loops):
+            raise self.fail(
+                f"mismatched tilings: producer {prod.name} stores {prod.name}[{', '.join(map(str, prod.store))}] "
+                "with a tiled or mapped loop nest, while its consumers read it by plain indices; "
+                "fuse before tiling the producer"
+            )
+        consumers = [d.name for d in readers_of(prog, prod.name)]
+        if not consumers:
+            raise self.fail(f"nothing reads {prod.name}")
+        if p.def_ is not None:
+            self.get_def(prog, p.def_)
+            if p.def_ not in consumers:
+                raise self.fail(f"{p.def_} does not read {prod.name} (readers: {', '.join(consumers)})")
+            targets = [p.def_]
+        else:
+            targets = consumers
+        reads = sum(
+            1 for d in prog.defs if d.name in targets
+            for e in _reads_of(d.body, prod.name)
+        )
+        return {"producer": prod.name, "into": targets, "reads_inlined": reads,
+                "removes_producer": set(targets) == set(consumers)}
+
+    def rewrite(self, prog: Program, p: FuseParams, facts: Facts) -> Program:
+        prod = prog.def_named(p.producer)
+        others = replace(prog, defs=tuple(x for x in prog.defs if x.name != prod.name))
+        taken = set(names_in_program(others))
+        for name in facts["into"]:
+            prog = prog.with_def(inline_reads(prog.def_named(name), prod, taken))
+        if not any(prod.name in tensors_read(d.body) for d in prog.defs):
+            prog = drop_def(prog, prod.name)
+        return prog
+
+
+def _reads_of(e: Expr, name: str) -> list[Read]:
+    from ..ir import walk
+
+    return [x for x in walk(e) if isinstance(x, Read) and x.tensor == name]
+
+
+register(Fuse())

@@ -1,0 +1,117 @@
+"""PARALLEL: run a loop of a definition in parallel — over the grid, warps or threads.
+
+    before:  for io < ceil(N/128), ii < 128: O[128*io + ii, …] = e
+    after:   for io < ceil(N/128) @grid.x, ii < 128 @warp: O[128*io + ii, …] = e
+
+Sound because a definition's loop is a Gen: iterations only read inputs and write their own
+element.  The precondition is that the writes really are disjoint — the store index is
+injective on the loop nest (checked as a mixed-radix layout: in each store position the loop
+indices' strides cover the inner extents) — and that reductions and folds are never mapped
+(they carry a dependence between iterations).  Grid loops come before warp/thread loops,
+each grid axis is used once.
+Theorem: parallel_writes (lean/Derivc/Rules/Parallel.lean, proofs_ci/coq).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Literal
+
+from pydantic import Field
+
+from ..ir import Def, Loop, Mapping, Program
+from . import register
+from .base import Facts, Rule, StepParams, const_extent, find_binder
+
+ORDER = {"grid": 0, "warp": 1, "thread": 2}
+
+
+class ParallelParams(StepParams):
+    def_: str = Field(alias="def")
+    index: str
+    to: Literal["grid.x", "grid.y", "grid.z", "warp", "thread"]
+    count: int = Field(default=0, ge=0, le=1024)
+
+
+def injective_store(prog: Program, d: Def) -> str:
+    """Why d's store index is injective on its loop nest; raises ValueError if it is not shown."""
+    loops = {lp.var: lp for lp in d.loops}
+    seen: dict[str, int] = {}
+    for k, a in enumerate(d.store):
+        for v, _ in a.terms:
+            if v in loops:
+                if v in seen:
+                    raise ValueError(f"loop {v} appears in store positions {seen[v]} and {k}")
+                seen[v] = k
+    unused = [v for v in loops if v not in seen]
+    if unused:
+        raise ValueError(f"loop {unused[0]} does not appear in the store index, so iterations overwrite each other")
+    notes = []
+    for k, a in enumerate(d.store):
+        terms = sorted(((c, v) for v, c in a.terms if v in loops), key=lambda x: x[0])
+        covered = 1
+        for c, v in terms:
+            if c <= 0:
+                raise ValueError(f"loop {v} has stride {c} in store position {k}")
+            if c < covered:
+                raise ValueError(f"store position {k}: stride {c} of {v} overlaps the inner loops' range {covered}")
+            n = const_extent(prog, loops[v].ext)
+            covered = c * n if n is not None else None
+            if covered is None and (c, v) != terms[-1]:
+                raise ValueError(f"store position {k}: inner loop {v} has a dynamic extent")
+        notes.append(" + ".join(f"{c}*{v}" for c, v in terms) or "const")
+    return "mixed radix: " + "; ".join(notes)
+
+
+class Parallel(Rule):
+    name = "parallel"
+    kind = "PARALLEL"
+    theorem = "parallel_writes"
+    Params = ParallelParams
+
+    def check(self, prog: Program, p: ParallelParams) -> Facts:
+        d = self.get_def(prog, p.def_)
+        pos = next((k for k, lp in enumerate(d.loops) if lp.var == p.index), None)
+        if pos is None:
+            node = find_binder(d, p.index)
+            if node is not None:
+                raise self.fail(
+                    f"{p.index} is a {type(node).__name__.lower()} index: it carries a dependence between "
+                    "iterations, only a loop of the definition can run in parallel"
+                )
+            raise self.fail(f"index {p.index} is not a loop of {p.def_}")
+        if d.loops[pos].mapping is not None:
+            raise self.fail(f"loop {p.index} is already mapped to {d.loops[pos].mapping}")
+        try:
+            why = injective_store(prog, d)
+        except ValueError as exc:
+            raise self.fail(f"writes of {p.def_} are not provably disjoint: {exc}") from None
+        level, _, axis = p.to.partition(".")
+        for k, lp in enumerate(d.loops):
+            if lp.mapping is None:
+                continue
+            if lp.mapping.level == "grid" and level == "grid" and lp.mapping.axis == axis:
+                raise self.fail(f"grid axis {axis} is already used by loop {lp.var}")
+            if k < pos and ORDER[lp.mapping.level] > ORDER[level]:
+                raise self.fail(f"{p.index} ({p.to}) is inside loop {lp.var} mapped to {lp.mapping}; reorder first")
+            if k > pos and ORDER[lp.mapping.level] < ORDER[level]:
+                raise self.fail(f"{p.index} ({p.to}) encloses loop {lp.var} mapped to {lp.mapping}; reorder first")
+        if level == "grid":
+            for lp in d.loops[:pos]:
+                if lp.mapping is None:
+                    raise self.fail(f"grid loop {p.index} is inside the sequential loop {lp.var}; reorder or map it first")
+        if p.count:
+            if level == "grid":
+                raise self.fail("count applies to warp or thread mappings; a grid loop gets one block per iteration")
+            n = const_extent(prog, d.loops[pos].ext)
+            if n is None or n % p.count:
+                raise self.fail(f"{p.count} {level}s do not split the extent {d.loops[pos].ext} of {p.index} evenly")
+        return {"loop": p.index, "to": p.to, "count": p.count, "disjoint_writes": why, "extent": str(d.loops[pos].ext)}
+
+    def rewrite(self, prog: Program, p: ParallelParams, facts: Facts) -> Program:
+        d = prog.def_named(p.def_)
+        level, _, axis = p.to.partition(".")
+        loops = tuple(replace(lp, mapping=Mapping(level, axis, p.count)) if lp.var == p.index else lp for lp in d.loops)
+        return prog.with_def(replace(d, loops=loops))
+
+
+register(Parallel())

@@ -1,0 +1,79 @@
+"""UNFUSE (inverse of FUSE): materialise a reduction of a definition as its own definition.
+
+    before:  def O[i, d] = sum(j < N: e[i, j, d]) / sum(j2 < N: g[i, j2])
+    after:   def L[i] = sum(j2 < N: g[i, j2])
+             def O[i, d] = sum(j < N: e[i, j, d]) / L[i]
+
+The reduction may use only untiled loop indices of the definition (no index bound by an
+enclosing reduction), so the new definition loops over exactly those.  It is placed before the
+definition it came from, in global memory.
+Theorem: gen_inline, read right to left (lean/Derivc/Rules/Fuse.lean, proofs_ci/coq).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from pydantic import Field
+
+from ..ir import Aff, Def, Program, Read, Reduce, TensorType, free_indices, names_in_program
+from . import register
+from .base import Facts, Rule, StepParams, enclosing_binders, find_binder, replace_node
+
+
+class UnfuseParams(StepParams):
+    def_: str = Field(alias="def")
+    index: str
+    name: str = Field(pattern=r"^[A-Za-z_]\w*$")
+
+
+class Unfuse(Rule):
+    name = "unfuse"
+    kind = "FUSE"
+    theorem = "gen_inline"
+    Params = UnfuseParams
+
+    def check(self, prog: Program, p: UnfuseParams) -> Facts:
+        d = self.get_def(prog, p.def_)
+        node = find_binder(d, p.index)
+        if not isinstance(node, Reduce):
+            raise self.fail(f"index {p.index} of {p.def_} is not a sum/max reduction")
+        if p.name in names_in_program(prog):
+            raise self.fail(f"name {p.name} is already used")
+        if enclosing_binders(d.body, node):
+            raise self.fail(f"the reduction over {p.index} sits inside another binding form; only a top-level reduction can be materialised")
+        used = free_indices(node)
+        sizes = {n for n, _ in prog.sizes}
+        loops = [lp for lp in d.loops if lp.var in used]
+        plain = {str(a) for a in d.store}
+        for lp in loops:
+            if lp.var not in plain or lp.mapping is not None:
+                raise self.fail(f"the reduction uses loop {lp.var}, which is tiled or mapped; unfuse before tiling")
+        stray = used - {lp.var for lp in loops} - sizes
+        if stray:
+            raise self.fail(f"the reduction uses indices {sorted(stray)} that are not loops of {p.def_}")
+        dims = tuple(lp.ext.single()[0] for lp in loops)
+        return {"loops": [lp.var for lp in loops], "shape": [str(x) for x in dims], "site": node}
+
+    def rewrite(self, prog: Program, p: UnfuseParams, facts: Facts) -> Program:
+        d = prog.def_named(p.def_)
+        node: Reduce = facts["site"]
+        loops = tuple(lp for lp in d.loops if lp.var in facts["loops"])
+        new = Def(
+            name=p.name,
+            type=TensorType(tuple(lp.ext.single()[0] for lp in loops), "f32"),
+            loops=loops,
+            store=tuple(Aff.of(lp.var) for lp in loops),
+            body=node,
+        )
+        read = Read(p.name, tuple(Aff.of(lp.var) for lp in loops))
+        consumer = replace(d, body=replace_node(d.body, node, read))
+        defs = []
+        for x in prog.defs:
+            if x.name == d.name:
+                defs += [new, consumer]
+            else:
+                defs.append(x)
+        return replace(prog, defs=tuple(defs))
+
+
+register(Unfuse())
