@@ -41,7 +41,7 @@ class Rule:
             err = exc.errors()[0]
             loc = ".".join(str(x) for x in err["loc"]) or "parameters"
             msg = "unknown parameter" if err["type"] == "extra_forbidden" else err["msg"]
-            known = ", ".join(self.Params.model_fields)
+            known = ", ".join(f.alias or n for n, f in self.Params.model_fields.items())
             raise DerivationError(self.name, f"parameter {loc}: {msg} (parameters of {self.name}: {known})") from None
 
     def check(self, prog: Program, params: Any) -> Facts:

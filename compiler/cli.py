@@ -1,0 +1,379 @@
+"""The `derivc` command line.
+
+    derivc build FILE -o DIR [--seed N] [--no-codegen]   derive, check, write DIR atomically
+    derivc explain FILE [--seed N]                       print every step and its program
+    derivc verify DIR | replay DIR --step N | run FILE --check | bench
+
+Exit codes: 0 ok, 1 internal error or command not available, 2 invalid input (SpecError),
+3 derivation failed (DerivationError: precondition, numeric check, codegen), 4 verify failed.
+Every error is ONE line on stderr: `derivc: error: <file>: <where>: <reason>`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import traceback
+from collections.abc import Callable, Sequence
+from importlib import import_module
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .errors import (
+    EXIT_DERIVATION_FAILED,
+    EXIT_INVALID_INPUT,
+    EXIT_OK,
+    DerivationError,
+    SpecError,
+)
+
+EXIT_INTERNAL = 1
+EXIT_UNAVAILABLE = 1
+
+try:  # rich is a dependency, but keep a plain fallback for a bare checkout
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    HAVE_RICH = True
+except ImportError:  # pragma: no cover - exercised only without rich
+    HAVE_RICH = False
+
+
+class UsageError(Exception):
+    """Bad command-line use (exit 2)."""
+
+    exit_code = EXIT_INVALID_INPUT
+
+
+class BuildError(Exception):
+    """A later build stage (proof obligations, codegen) failed (exit 3)."""
+
+    exit_code = EXIT_DERIVATION_FAILED
+
+
+# --------------------------------------------------------------------------- output
+
+
+class Out:
+    """Rich output to stdout when available, plain text otherwise."""
+
+    def __init__(self, plain: bool = False):
+        self.rich = HAVE_RICH and not plain
+        self.console = Console(highlight=False, soft_wrap=False) if self.rich else None
+
+    def line(self, text: str = "", style: str | None = None) -> None:
+        if self.console is not None:
+            self.console.print(Text(text, style=style or ""))
+        else:
+            print(text)
+
+    def heading(self, text: str) -> None:
+        if self.console is not None:
+            self.console.rule(Text(text, style="bold"))
+        else:
+            print(f"== {text} ==")
+
+    def block(self, text: str, title: str = "") -> None:
+        if self.console is not None:  # no panel: long program lines must not be re-wrapped
+            if title:
+                self.console.print(Text(f"-- {title} --", style="bold cyan"))
+            self.console.print(Text(text.rstrip("\n")), soft_wrap=True)
+        else:
+            if title:
+                print(f"-- {title} --")
+            print(text.rstrip("\n"))
+
+    def table(self, columns: Sequence[str], rows: Sequence[Sequence[str]], title: str = "") -> None:
+        if self.console is not None:
+            t = Table(title=title or None)
+            for c in columns:
+                t.add_column(c)
+            for r in rows:
+                t.add_row(*(Text(str(x)) for x in r))
+            self.console.print(t)
+        else:
+            if title:
+                print(title)
+            widths = [max(len(str(c)), *(len(str(r[k])) for r in rows)) if rows else len(c) for k, c in enumerate(columns)]
+            print("  ".join(str(c).ljust(w) for c, w in zip(columns, widths)))
+            for r in rows:
+                print("  ".join(str(x).ljust(w) for x, w in zip(r, widths)))
+
+
+def error_line(message: str) -> None:
+    """The one line every failure prints (plain, never wrapped)."""
+    text = " ".join(str(message).split("\n"))
+    sys.stderr.write(f"derivc: error: {text}\n")
+    sys.stderr.flush()
+
+
+# --------------------------------------------------------------------------- build
+
+
+def _optional(module: str) -> Any | None:
+    """Import a module that another part of the project may not have written yet."""
+    try:
+        return import_module(module)
+    except ModuleNotFoundError as exc:
+        parts = module.split(".")
+        if exc.name in {".".join(parts[: k + 1]) for k in range(len(parts))}:
+            return None
+        raise
+
+
+def write_outputs(derivation: Any, outdir: Path, *, codegen: bool = True) -> None:
+    """Write every build output into `outdir` (an existing, empty directory)."""
+    from .printer import show_program
+    from .report import write_report
+    from .trace import write_trace
+
+    d = derivation
+    (outdir / "derivation.json").write_text(json.dumps(write_trace(d), indent=2, allow_nan=False) + "\n")
+    steps = outdir / "steps"
+    steps.mkdir()
+    width = max(2, len(str(len(d.steps))))
+    (steps / f"{0:0{width}d}_spec.txt").write_text(show_program(d.programs[0]))
+    for rec, prog in zip(d.steps, d.programs[1:]):
+        (steps / f"{rec.index:0{width}d}_{rec.rule}.txt").write_text(show_program(prog))
+    (outdir / "report.md").write_text(write_report(d))
+    (outdir / "program.txt").write_text(show_program(d.final))
+
+    obligations = _optional("compiler.obligations")
+    if obligations is not None and hasattr(obligations, "write_obligations"):
+        try:
+            obligations.write_obligations(d, outdir / "proofs")
+        except (SpecError, DerivationError):
+            raise
+        except Exception as exc:
+            raise BuildError(f"{d.file}: proof obligations: {_one_line(exc)}") from exc
+    if codegen:
+        build = _optional("codegen.build")
+        if build is not None and hasattr(build, "emit"):
+            try:
+                build.emit(d, outdir)
+            except (SpecError, DerivationError):
+                raise
+            except Exception as exc:
+                raise BuildError(f"{d.file}: codegen: {_one_line(exc)}") from exc
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else ""
+    return f"{type(exc).__name__}: {first}" if not first or type(exc).__module__ == "builtins" else first
+
+
+def atomic_dir(outdir: Path, fill: Callable[[Path], None]) -> None:
+    """Build a directory in a temp dir beside `outdir`, then move it into place.
+
+    On success an existing `outdir` is replaced; on failure it is untouched, and neither the
+    temp dir nor any parent directory created for it is left behind.
+    """
+    outdir = Path(os.path.abspath(outdir))
+    if outdir.exists() and not outdir.is_dir():
+        raise UsageError(f"{outdir}: exists and is not a directory")
+    created: list[Path] = []
+    p = outdir.parent
+    while not p.exists():
+        created.append(p)
+        p = p.parent
+    tmp: Path | None = None
+    try:
+        for q in reversed(created):
+            q.mkdir()
+        tmp = Path(tempfile.mkdtemp(prefix=f".{outdir.name}.tmp-", dir=outdir.parent))
+        os.chmod(tmp, 0o755)
+        fill(tmp)
+        if outdir.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{outdir.name}.old-", dir=outdir.parent))
+            os.replace(outdir, old)  # onto an empty dir: allowed
+            try:
+                os.replace(tmp, outdir)
+            except BaseException:
+                os.replace(old, outdir)
+                raise
+            tmp = None
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, outdir)
+            tmp = None
+    except BaseException:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        for q in created:  # innermost first
+            try:
+                q.rmdir()
+            except OSError:
+                break
+        raise
+
+
+def cmd_build(args: argparse.Namespace, out: Out) -> int:
+    from .derive import derive
+    from .spec import load_spec_file
+    from .trace import verify_roundtrip
+
+    outdir = Path(args.output)
+    if outdir.exists() and not outdir.is_dir():
+        raise UsageError(f"-o {args.output}: exists and is not a directory")
+    spec = load_spec_file(args.file)
+    d = derive(spec, str(args.file), seed=args.seed)
+    try:
+        verify_roundtrip(d)
+    except AssertionError as exc:
+        raise DerivationError("trace", f"the derivation does not replay: {exc}", None, str(args.file)) from None
+    atomic_dir(outdir, lambda tmp: write_outputs(d, tmp, codegen=not args.no_codegen))
+    rows = [
+        [str(s.index), s.rule, s.kind, s.theorem, f"{s.numeric['rel_error']:.1e}" if s.numeric else "-"]
+        for s in d.steps
+    ]
+    if rows:
+        out.table(["#", "rule", "kind", "theorem", "rel. error"], rows, title=f"{spec.name}: {len(rows)} steps")
+    sizes = ", ".join(f"{k}={v}" for k, v in d.check_sizes.items())
+    out.line(f"checked at {sizes}; seed {d.seed}")
+    out.line(f"wrote {args.output} (final program {d.final.digest()})", style="green")
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- explain
+
+
+def cmd_explain(args: argparse.Namespace, out: Out) -> int:
+    from .derive import derive
+    from .printer import show_program
+    from .report import format_params, format_sizes
+    from .spec import load_spec_file
+
+    spec = load_spec_file(args.file)
+    d = derive(spec, str(args.file), seed=args.seed, upto=args.upto)
+    out.heading(f"{spec.name}: spec program (IR0) {d.initial.digest()}")
+    out.block(show_program(d.initial), title="IR0")
+    for s, prog in zip(d.steps, d.programs[1:]):
+        out.heading(f"step {s.index}: {s.rule} ({s.kind})")
+        out.line(f"parameters: {format_params(s.params)}")
+        out.line(f"theorem:    {s.theorem}")
+        if s.facts:
+            out.line("facts:")
+            for k, v in s.facts.items():
+                text = v if isinstance(v, str) else json.dumps(v)
+                text = text.replace("\n", "\n      ")
+                out.line(f"  - {k}: {text}")
+        if s.numeric:
+            n = s.numeric
+            out.line(
+                f"numeric:    rel. error {n['rel_error']:.3g} <= {n['tolerance']:g} "
+                f"at {format_sizes(n['sizes'])}, seed {n['seed']}",
+                style="green",
+            )
+        out.line(f"program:    {s.before_hash} -> {s.after_hash}")
+        out.block(show_program(prog), title=f"after step {s.index}")
+    out.line(f"final program {d.final.digest()}", style="bold")
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- dispatchers
+
+
+def _dispatch(module: str, what: str) -> Callable[[argparse.Namespace, Out], int]:
+    def run(args: argparse.Namespace, out: Out) -> int:
+        mod = _optional(module)
+        if mod is None or not hasattr(mod, "main"):
+            sys.stderr.write(f"derivc: {what} not available yet\n")
+            return EXIT_UNAVAILABLE
+        rc = mod.main(args)
+        return EXIT_OK if rc is None else int(rc)
+
+    return run
+
+
+# --------------------------------------------------------------------------- main
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2
+        cmd = self.prog.split(" ", 1)[1] if " " in self.prog else ""
+        error_line(f"{cmd}: {message}" if cmd else message)
+        raise SystemExit(EXIT_INVALID_INPUT)
+
+
+def make_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="derivc", description="proof-carrying GPU kernel compiler")
+    p.add_argument("--version", action="version", version=f"derivc {__version__}")
+    p.add_argument("--debug", action="store_true", help="show tracebacks of internal errors")
+    p.add_argument("--plain", action="store_true", help="plain text output (no rich formatting)")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    b = sub.add_parser("build", help="derive, check and write a build directory")
+    b.add_argument("file", help="schedule file (YAML)")
+    b.add_argument("-o", "--output", required=True, metavar="DIR", help="output directory (replaced atomically)")
+    b.add_argument("--seed", type=int, default=None, help="base seed of the numeric checks (step k: seed + k)")
+    b.add_argument("--no-codegen", action="store_true", help="skip kernel generation")
+    b.set_defaults(func=cmd_build, extras_ok=False)
+
+    e = sub.add_parser("explain", help="print every step, its facts and the program after it")
+    e.add_argument("file")
+    e.add_argument("--seed", type=int, default=None)
+    e.add_argument("--upto", type=int, default=None, metavar="N", help="stop after step N")
+    e.set_defaults(func=cmd_explain, extras_ok=False)
+
+    v = sub.add_parser("verify", help="re-check a build directory (proofs, trace)")
+    v.add_argument("dir")
+    v.set_defaults(func=_dispatch("compiler.verify", "verify"), extras_ok=True)
+
+    r = sub.add_parser("replay", help="replay a build directory's trace up to a step")
+    r.add_argument("dir")
+    r.add_argument("--step", type=int, default=None, metavar="N")
+    r.set_defaults(func=_dispatch("compiler.replay_cmd", "replay"), extras_ok=True)
+
+    run = sub.add_parser("run", help="compile and run the kernel on the GPU")
+    run.add_argument("file")
+    run.add_argument("--check", action="store_true", help="compare against the float64 reference")
+    run.set_defaults(func=_dispatch("codegen.run_cmd", "run"), extras_ok=True)
+
+    bench = sub.add_parser("bench", help="benchmark kernels")
+    bench.set_defaults(func=_dispatch("codegen.bench", "bench"), extras_ok=True)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = make_parser()
+    try:
+        args, extras = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
+    except SystemExit as exc:  # --help, --version, usage errors
+        return int(exc.code or 0) if not isinstance(exc.code, str) else EXIT_INVALID_INPUT
+    if extras and not args.extras_ok:
+        error_line(f"derivc {args.command}: unrecognized arguments: {' '.join(extras)}")
+        return EXIT_INVALID_INPUT
+    args.extra = extras
+    out = Out(plain=args.plain)
+    try:
+        return args.func(args, out)
+    except (SpecError, DerivationError, UsageError, BuildError) as exc:
+        if args.debug:
+            traceback.print_exc()
+        error_line(exc.message() if hasattr(exc, "message") else str(exc))
+        return exc.exit_code
+    except KeyboardInterrupt:
+        error_line("interrupted")
+        return 130
+    except Exception as exc:  # noqa: BLE001 - a bug: one line, unless --debug
+        if args.debug:
+            traceback.print_exc()
+        notes = " ".join(getattr(exc, "__notes__", []) or [])
+        where = f"{getattr(args, 'file', '') or getattr(args, 'dir', '')}: " if getattr(args, "file", None) or getattr(args, "dir", None) else ""
+        error_line(f"internal error: {where}{type(exc).__name__}: {exc} {notes}".rstrip() + " (--debug shows the traceback)")
+        return EXIT_INTERNAL
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

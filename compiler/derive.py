@@ -1,0 +1,276 @@
+"""The derivation driver: spec → IR₀ → IR₁ … IRₙ, one checked rule application per step.
+
+For each schedule step k (1-based) the rule's parameters are validated, its precondition is
+checked (`rule.check` → facts), the rewrite is applied, and the new program is compared with
+the spec program IR₀ by the reference interpreter in float64 on fresh random inputs at the
+check sizes (relative error ≤ 1e-12).  Any failure stops the derivation:
+
+- an unknown rule or bad parameters is an input error (`SpecError`, exit 2);
+- a failed precondition or numeric check is a `DerivationError` (exit 3) naming the step.
+"""
+from __future__ import annotations
+
+import math
+import secrets
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any
+
+import numpy as np
+
+from . import ir
+from .checksizes import choose_check_sizes
+from .errors import DerivationError, SpecError
+from .interp import random_inputs, rel_error, run_program
+from .ir import Program
+from .lower_spec import lower_spec
+from .printer import show_def, show_expr, show_program
+from .rules import RULES
+from .rules.base import Rule, StepParams
+from .spec import SpecFile
+
+TOLERANCE = 1e-12
+
+
+@dataclass
+class StepRecord:
+    """One applied step, as recorded in derivation.json (`to_json`) and report.md."""
+
+    index: int
+    rule: str
+    kind: str
+    params: dict[str, Any]  # as written in the schedule (what replay re-applies)
+    facts: dict[str, Any]  # JSON-safe
+    theorem: str
+    before_hash: str
+    after_hash: str
+    numeric: dict[str, Any] | None  # {sizes, seed, rel_error, tolerance, passed}; None: not checked
+    resolved: dict[str, Any] = field(default_factory=dict)  # parameters with defaults filled in
+    # Not serialised: what the obligation exporter needs.
+    parsed: Any = field(default=None, repr=False, compare=False)
+    raw_facts: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "rule": self.rule,
+            "kind": self.kind,
+            "params": json_safe(self.params),
+            "resolved_params": json_safe(self.resolved),
+            "theorem": self.theorem,
+            "facts": self.facts,
+            "before_hash": self.before_hash,
+            "after_hash": self.after_hash,
+            "numeric": self.numeric,
+        }
+
+
+@dataclass
+class Derivation:
+    spec: SpecFile
+    file: str
+    programs: list[Program]  # IR₀ … IRₙ
+    steps: list[StepRecord]
+    check_sizes: dict[str, int] = field(default_factory=dict)
+    seed: int | None = None  # base seed: step k used seed + k
+    seed_given: bool = False
+
+    @property
+    def initial(self) -> Program:
+        return self.programs[0]
+
+    @property
+    def final(self) -> Program:
+        return self.programs[-1]
+
+
+# --------------------------------------------------------------------------- JSON-safe facts
+
+
+def json_safe(x: Any) -> Any:
+    """Facts and parameters as JSON values: IR nodes printed, tuples as lists."""
+    if x is None or isinstance(x, (bool, int, str)):
+        return x
+    if isinstance(x, float):
+        return x if math.isfinite(x) else str(x)
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (np.floating,)):
+        return json_safe(float(x))
+    if isinstance(x, dict):
+        return {str(k): json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple, set, frozenset)):
+        items = sorted(x, key=str) if isinstance(x, (set, frozenset)) else x
+        return [json_safe(v) for v in items]
+    if isinstance(x, StepParams):
+        return json_safe(x.model_dump(mode="json", by_alias=True))
+    if isinstance(x, Program):
+        return show_program(x)
+    if isinstance(x, ir.Def):
+        return show_def(x)
+    if isinstance(x, (ir.Const, ir.Read, ir.Bin, ir.Un, ir.Reduce, ir.Select, ir.Softmax, ir.Let, ir.Fold)):
+        return show_expr(x)
+    if isinstance(x, (ir.Aff, ir.Ext, ir.Cond, ir.Mapping)):
+        return str(x)
+    if is_dataclass(x) and not isinstance(x, type):
+        return {f.name: json_safe(getattr(x, f.name)) for f in fields(x)}
+    return str(x)
+
+
+# --------------------------------------------------------------------------- one step
+
+
+def lookup_rule(name: str, k: int, file: str = "") -> Rule:
+    rule = RULES.get(name)
+    if rule is None:
+        known = ", ".join(sorted(RULES)) or "none registered"
+        raise SpecError(f"schedule[{k - 1}].rule", f"step {k}: unknown rule {name!r} (known rules: {known})", file)
+    return rule
+
+
+def apply_step(
+    prog: Program, k: int, rule_name: str, raw: dict[str, Any], file: str = ""
+) -> tuple[Rule, StepParams, dict[str, Any], Program]:
+    """Parameters, precondition and rewrite of step k; errors attributed to the step."""
+    rule = lookup_rule(rule_name, k, file)
+    try:
+        params = rule.parse_params(raw)
+    except DerivationError as exc:
+        raise SpecError(f"schedule[{k - 1}]", f"step {k} ({rule.name}): {exc.reason}", file) from None
+    try:
+        facts = rule.check(prog, params)
+        new = rule.rewrite(prog, params, facts)
+    except DerivationError as exc:
+        raise exc.at(k, file) from None
+    except Exception as exc:
+        if hasattr(exc, "add_note"):  # a bug in the rule: say where
+            exc.add_note(f"(at step {k}, rule {rule.name})")
+        raise
+    if not isinstance(new, Program):
+        raise DerivationError(rule.name, f"rewrite returned {type(new).__name__}, not a Program", k, file)
+    return rule, params, dict(facts or {}), new
+
+
+# --------------------------------------------------------------------------- numeric check
+
+
+def numeric_check(
+    rule: str, ir0: Program, new: Program, sizes: dict[str, int], seed: int
+) -> float:
+    """Relative error of new's output vs IR₀'s on random inputs; raises on failure."""
+    shown = ", ".join(f"{n}={v}" for n, v in sizes.items())
+    rng = np.random.default_rng(seed)
+    inputs = random_inputs(ir0, sizes, rng)
+    try:
+        ref = run_program(ir0, sizes, inputs)[ir0.output]
+    except Exception as exc:  # noqa: BLE001 - the spec program itself cannot be evaluated
+        raise DerivationError(rule, f"numeric check: the spec program fails at sizes {shown}: {_exc_text(exc)}") from None
+    if not np.all(np.isfinite(ref)):
+        raise DerivationError(rule, f"numeric check: the spec program gives non-finite values at sizes {shown}")
+    try:
+        out = run_program(new, sizes, inputs)[new.output]
+    except (MemoryError, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # noqa: BLE001 - an ill-formed rewritten program
+        raise DerivationError(
+            rule, f"numeric check failed: the rewritten program fails at sizes {shown} (seed {seed}): {_exc_text(exc)}"
+        ) from None
+    err = rel_error(out, ref)
+    if not err <= TOLERANCE:
+        raise DerivationError(
+            rule, f"numeric check failed: relative error {err:.3g} > {TOLERANCE:g} at sizes {shown} (seed {seed})"
+        )
+    return err
+
+
+def _exc_text(exc: BaseException) -> str:
+    from .interp import InterpError
+
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return text if isinstance(exc, InterpError) else f"{type(exc).__name__}: {text}"
+
+
+# --------------------------------------------------------------------------- the driver
+
+
+def _prepass(ir0: Program, spec: SpecFile, n: int) -> tuple[list[Program], list[dict[str, Any]]]:
+    """Programs before each step, without numeric checks; stops quietly at the first failure."""
+    programs, raws = [ir0], []
+    prog = ir0
+    for k, step in enumerate(spec.schedule[:n], start=1):
+        raw = step.params()
+        raws.append(raw)
+        try:
+            _, _, _, prog = apply_step(prog, k, step.rule, raw)
+        except Exception:  # noqa: BLE001 - reported by the real pass, at its step
+            break
+        programs.append(prog)
+    return programs[: len(raws)], raws[: len(programs)]
+
+
+def derive(
+    spec: SpecFile,
+    file: str = "",
+    *,
+    seed: int | None = None,
+    check: bool = True,
+    upto: int | None = None,
+) -> Derivation:
+    """Apply the schedule to the spec, checking every step; returns the whole derivation."""
+    try:
+        ir0 = lower_spec(spec)
+    except SpecError as exc:
+        raise exc.in_file(file) from None
+    n = len(spec.schedule) if upto is None else max(0, min(upto, len(spec.schedule)))
+    base = seed if seed is not None else secrets.randbits(31)
+    try:
+        sizes = choose_check_sizes(spec, ir0, *_prepass(ir0, spec, n)) if check else {}
+    except SpecError as exc:
+        raise exc.in_file(file) from None
+    programs = [ir0]
+    records: list[StepRecord] = []
+    prog = ir0
+    for k, step in enumerate(spec.schedule[:n], start=1):
+        raw = step.params()
+        rule, params, facts, new = apply_step(prog, k, step.rule, raw, file)
+        numeric = None
+        if check:
+            step_seed = base + k
+            try:
+                err = numeric_check(rule.name, ir0, new, sizes, step_seed)
+            except DerivationError as exc:
+                raise exc.at(k, file) from None
+            numeric = {
+                "sizes": dict(sizes),
+                "seed": step_seed,
+                "rel_error": err,
+                "tolerance": TOLERANCE,
+                "passed": True,
+            }
+        theorem = facts.get("theorem") if isinstance(facts.get("theorem"), str) else rule.theorem
+        records.append(
+            StepRecord(
+                index=k,
+                rule=rule.name,
+                kind=rule.kind,
+                params=json_safe(raw),
+                facts=json_safe(facts),
+                theorem=theorem,
+                before_hash=prog.digest(),
+                after_hash=new.digest(),
+                numeric=numeric,
+                resolved=json_safe(params),
+                parsed=params,
+                raw_facts=facts,
+            )
+        )
+        programs.append(new)
+        prog = new
+    return Derivation(
+        spec=spec,
+        file=file,
+        programs=programs,
+        steps=records,
+        check_sizes=dict(sizes),
+        seed=base,
+        seed_given=seed is not None,
+    )

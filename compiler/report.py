@@ -1,0 +1,78 @@
+"""report.md: a human-readable account of a derivation, step by step."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .derive import Derivation, StepRecord
+from .printer import show_program
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, str):
+        return v
+    return json.dumps(v)
+
+
+def _code(text: str) -> str:
+    text = str(text)
+    if "\n" in text:
+        return "\n\n```\n" + text.rstrip("\n") + "\n```\n"
+    tick = "``" if "`" in text else "`"
+    return f"{tick}{text}{tick}"
+
+
+def format_params(params: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={_value(v)}" for k, v in params.items()) or "(none)"
+
+
+def format_sizes(sizes: dict[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sizes.items())
+
+
+def step_markdown(s: StepRecord) -> str:
+    lines = [f"## Step {s.index}: {s.rule} ({s.kind})", ""]
+    lines.append(f"- parameters: {_code(format_params(s.params))}")
+    lines.append(f"- theorem: `{s.theorem}`")
+    if s.facts:
+        lines.append("- precondition facts:")
+        for k, v in s.facts.items():
+            lines.append(f"  - {k}: {_code(_value(v))}")
+    else:
+        lines.append("- precondition facts: (none)")
+    if s.numeric:
+        n = s.numeric
+        verdict = "passed" if n.get("passed") else "FAILED"
+        lines.append(
+            f"- numeric check: {verdict}; sizes {format_sizes(n['sizes'])}, seed {n['seed']}, "
+            f"relative error {n['rel_error']:.3g} (tolerance {n['tolerance']:g})"
+        )
+    else:
+        lines.append("- numeric check: not run")
+    lines.append(f"- program: `{s.before_hash}` → `{s.after_hash}`")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(d: Derivation) -> str:
+    """The content of report.md."""
+    spec = d.spec
+    out = [f"# derivc: {spec.name}", ""]
+    if spec.description:
+        out += [spec.description.strip(), ""]
+    if d.file:
+        out += [f"Spec file: `{d.file}`", ""]
+    out += ["## Spec", "", "```"]
+    out += [f"sizes: {', '.join(f'{k}={v}' for k, v in spec.sizes.items())}"]
+    out += [f"input {n}[{', '.join(t.shape)}] : {t.dtype}" for n, t in spec.inputs.items()]
+    out += list(spec.statements)
+    out += [f"output {spec.output.tensor} : {spec.output.dtype}", "```", ""]
+    out += [f"Spec program (IR₀): `{d.initial.digest()}`", ""]
+    if d.check_sizes:
+        seed = f"{d.seed}" + ("" if d.seed_given else " (random)")
+        out += [f"Numeric checks at {format_sizes(d.check_sizes)}; base seed {seed}, step k uses seed + k.", ""]
+    if not d.steps:
+        out += ["The schedule is empty: the final program is the spec program.", ""]
+    for s in d.steps:
+        out.append(step_markdown(s))
+    out += ["## Final program", "", f"Digest `{d.final.digest()}`.", "", "```", show_program(d.final).rstrip("\n"), "```", ""]
+    return "\n".join(out)

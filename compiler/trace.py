@@ -1,0 +1,117 @@
+"""derivation.json: the trace of a derivation, and its replay.
+
+The trace records the spec (canonical JSON and its hash), IR₀'s digest, and for every step the
+rule, its parameters as written, the facts its precondition established, the theorem, the
+program digests before and after, and the numeric check.  `replay` re-applies the recorded
+(rule, parameters) to the spec without numeric checks; `verify_roundtrip` asserts that this
+gives back exactly the derived program (same digest, equal dataclasses).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .derive import Derivation, apply_step
+from .errors import DerivationError, SpecError
+from .ir import Program
+from .lower_spec import lower_spec
+from .spec import SpecFile
+
+TRACE_FORMAT = 1
+
+
+def spec_json(spec: SpecFile) -> dict[str, Any]:
+    return spec.model_dump(mode="json")
+
+
+def spec_sha256(spec: SpecFile) -> str:
+    canon = json.dumps(spec_json(spec), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canon.encode()).hexdigest()
+
+
+def _file_sha256(file: str) -> str | None:
+    try:
+        return hashlib.sha256(Path(file).read_bytes()).hexdigest() if file else None
+    except OSError:
+        return None
+
+
+def write_trace(d: Derivation) -> dict[str, Any]:
+    """The content of derivation.json (JSON-serialisable)."""
+    return {
+        "format": TRACE_FORMAT,
+        "derivc_version": __version__,
+        "spec_file": d.file,
+        "spec_file_sha256": _file_sha256(d.file),
+        "spec_sha256": spec_sha256(d.spec),
+        "spec_digest": d.initial.digest(),
+        "spec": spec_json(d.spec),
+        "check_sizes": dict(d.check_sizes),
+        "seed": d.seed,
+        "seed_given": d.seed_given,
+        "steps": [s.to_json() for s in d.steps],
+        "final_digest": d.final.digest(),
+        "output": d.final.output,
+    }
+
+
+def spec_of_trace(trace: dict[str, Any]) -> SpecFile:
+    """The spec recorded in a trace (so a build directory replays without the YAML file)."""
+    return SpecFile.model_validate(trace["spec"])
+
+
+def replay_programs(
+    spec: SpecFile, trace: dict[str, Any], *, upto: int | None = None, strict: bool = True
+) -> list[Program]:
+    """IR₀ … IRₖ by re-applying the trace's steps (k = upto, default all); no numeric checks.
+
+    With `strict`, the spec and every intermediate program must have the recorded digests.
+    """
+    file = trace.get("spec_file", "") or ""
+    try:
+        prog = lower_spec(spec)
+    except SpecError as exc:
+        raise exc.in_file(file) from None
+    if strict and trace.get("spec_digest") not in (None, prog.digest()):
+        raise DerivationError(
+            "replay", f"the spec lowers to {prog.digest()}, the trace was made from {trace['spec_digest']}", None, file
+        )
+    programs = [prog]
+    steps = trace.get("steps", [])
+    if upto is not None:
+        if not 0 <= upto <= len(steps):
+            raise DerivationError("replay", f"step {upto} out of range: the trace has {len(steps)} steps", None, file)
+        steps = steps[:upto]
+    for k, step in enumerate(steps, start=1):
+        if strict and step.get("before_hash") not in (None, prog.digest()):
+            raise DerivationError(step["rule"], f"replay diverged before the step: {prog.digest()} != {step['before_hash']}", k, file)
+        _, _, _, prog = apply_step(prog, k, step["rule"], dict(step.get("params", {})), file)
+        if strict and step.get("after_hash") not in (None, prog.digest()):
+            raise DerivationError(step["rule"], f"replay diverged: program {prog.digest()} != recorded {step['after_hash']}", k, file)
+        programs.append(prog)
+    return programs
+
+
+def replay(spec: SpecFile, trace: dict[str, Any], *, upto: int | None = None) -> Program:
+    """The program the trace's steps produce from the spec (the last one, or after step `upto`)."""
+    return replay_programs(spec, trace, upto=upto)[-1]
+
+
+def verify_roundtrip(d: Derivation) -> None:
+    """Assert: JSON round trip of the trace, then replay, gives the identical final program."""
+    trace = json.loads(json.dumps(write_trace(d), allow_nan=False))
+    if trace["spec"] != spec_json(d.spec) or spec_of_trace(trace) != d.spec:
+        raise AssertionError("the spec does not survive the trace's JSON round trip")
+    programs = replay_programs(spec_of_trace(trace), trace, strict=False)
+    if len(programs) != len(d.programs):
+        raise AssertionError(f"replay gave {len(programs) - 1} steps, the derivation has {len(d.programs) - 1}")
+    for k, (got, want) in enumerate(zip(programs, d.programs)):
+        if got.digest() != want.digest():
+            raise AssertionError(f"replay differs after step {k}: digest {got.digest()} != {want.digest()}")
+        if got != want:
+            raise AssertionError(f"replay differs after step {k}: same printed program, different IR")
+    if trace["final_digest"] != d.final.digest():
+        raise AssertionError("the trace's final digest is not the derived program's")

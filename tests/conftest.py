@@ -1,0 +1,167 @@
+"""Shared test helpers.
+
+`assert_fails(yaml_text, code, *fragments)` builds a schedule file with `derivc build` and
+asserts the one-line failure: exit `code`, a message naming the file and containing every
+fragment, and no output (nor temp) directory left behind.  A rule's precondition test is a
+one-liner:
+
+    def test_tile_guard_false(assert_fails):
+        assert_fails(gemm_yaml([{"rule": "tile", "def": "C", "index": "i", "size": 7,
+                                 "guard": False}]), 3, "step 1", "tile", "guard")
+
+(`assert_fails` is both a fixture and a plain function.)  Test modules import these helpers
+as `from derivc_testing import ...`: this conftest registers itself under that name, because
+the bare name `conftest` is ambiguous once a subdirectory (tests/gpu/) has a conftest too.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # run from a bare checkout
+
+sys.modules.setdefault("derivc_testing", sys.modules[__name__])
+
+from compiler.ir import Bin, Const, Program
+from compiler.rules import RULES
+from compiler.rules.base import Rule, StepParams
+
+# --------------------------------------------------------------------------- spec texts
+
+GEMM = {
+    "name": "gemm",
+    "sizes": {"M": "dynamic", "N": "dynamic", "K": "dynamic"},
+    "inputs": {"A": {"shape": ["M", "K"], "dtype": "f16"}, "B": {"shape": ["K", "N"], "dtype": "f16"}},
+    "statements": ["C[i, j] = sum(k: A[i, k] * B[k, j])"],
+    "output": {"tensor": "C", "dtype": "f16"},
+}
+
+
+def spec_yaml(base: dict[str, Any] | None = None, schedule: list[dict[str, Any]] | None = None, **fields: Any) -> str:
+    """YAML text of `base` (default: the GEMM spec) with fields replaced and a schedule."""
+    doc = dict(GEMM if base is None else base)
+    doc.update(fields)
+    if schedule is not None:
+        doc["schedule"] = schedule
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+def gemm_yaml(schedule: list[dict[str, Any]] | None = None, **fields: Any) -> str:
+    return spec_yaml(GEMM, schedule, **fields)
+
+
+GEMM_YAML = gemm_yaml([])
+
+
+# --------------------------------------------------------------------------- running the CLI
+
+
+def run_cli(args: list[str]) -> tuple[int, str, str]:
+    """compiler.cli.main(args) → (exit code, stdout, stderr)."""
+    from compiler.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(args)
+    return rc, out.getvalue(), err.getvalue()
+
+
+def assert_fails(yaml_text: str, code: int, *fragments: str, name: str = "bad.yaml") -> str:
+    """Build `yaml_text`; assert exit `code`, one error line naming the file and every
+    fragment (case-insensitive), and nothing left in the output's parent.  Returns the line."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        spec = root / name
+        spec.write_text(yaml_text)
+        out = root / "out" / "build"
+        rc, stdout, stderr = run_cli(["build", str(spec), "-o", str(out), "--no-codegen"])
+        lines = [ln for ln in stderr.splitlines() if ln.strip()]
+        assert rc == code, f"exit {rc}, expected {code}; stderr: {stderr!r}"
+        assert len(lines) == 1, f"expected one error line, got: {stderr!r}"
+        msg = lines[0]
+        assert msg.startswith("derivc: error: "), msg
+        assert "Traceback" not in stderr
+        assert name in msg, f"message does not name the file: {msg}"
+        for frag in fragments:
+            assert frag.lower() in msg.lower(), f"{frag!r} not in {msg!r}"
+        left = sorted(p.name for p in root.iterdir())
+        assert left == [name], f"left behind: {left}"
+        return msg
+
+
+@pytest.fixture(name="assert_fails")
+def _assert_fails_fixture():
+    return assert_fails
+
+
+# --------------------------------------------------------------------------- test-only rules
+
+
+class _NoParams(StepParams):
+    pass
+
+
+class _ScaleParams(StepParams):
+    factor: float = 1.0 + 1e-6
+
+
+class IdentityRule(Rule):
+    """Rewrites nothing (a copy of the program): always sound."""
+
+    name = "test_identity"
+    kind = "TEST"
+    theorem = "test_refl"
+    Params = _NoParams
+
+    def check(self, prog: Program, params: Any) -> dict[str, Any]:
+        d = prog.def_named(prog.output)
+        return {"def": prog.output, "site": d.body, "loops": tuple(lp.var for lp in d.loops)}
+
+    def rewrite(self, prog: Program, params: Any, facts: dict[str, Any]) -> Program:
+        return replace(prog)
+
+
+class CorruptRule(Rule):
+    """Scales the output by `factor`: an unsound rewrite the numeric check must catch."""
+
+    name = "test_corrupt"
+    kind = "TEST"
+    theorem = "test_none"
+    Params = _ScaleParams
+
+    def check(self, prog: Program, params: Any) -> dict[str, Any]:
+        return {}
+
+    def rewrite(self, prog: Program, params: Any, facts: dict[str, Any]) -> Program:
+        d = prog.def_named(prog.output)
+        return prog.with_def(replace(d, body=Bin("*", d.body, Const(params.factor))))
+
+
+class RefuseRule(Rule):
+    """Its precondition never holds."""
+
+    name = "test_refuse"
+    kind = "TEST"
+    theorem = "test_none"
+    Params = _NoParams
+
+    def check(self, prog: Program, params: Any) -> dict[str, Any]:
+        raise self.fail("precondition never holds")
+
+
+@pytest.fixture
+def test_rules(monkeypatch):
+    """Registers test_identity, test_corrupt and test_refuse for the duration of a test."""
+    for r in (IdentityRule(), CorruptRule(), RefuseRule()):
+        monkeypatch.setitem(RULES, r.name, r)
+    return RULES
