@@ -1,0 +1,236 @@
+"""Load and launch generated kernels on CuPy arrays or torch CUDA tensors.
+
+`import codegen.runtime` works without CuPy or a GPU: cupy (and torch) are imported lazily.
+Compilation order when no cubin is given: codegen.nvrtc.compile_cubin (the project's NVRTC path
+with its sha256 cache) if present, else `nvcc -cubin` when nvcc is on PATH (sha256-keyed cache in
+$DERIVC_CACHE or ~/.cache/derivc), else CuPy's NVRTC (cupy.RawModule(code=..., backend='nvrtc')).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from codegen.launch import launch_config
+from codegen.plan import ContractionPlan, Plan, inputs, output, size_names
+from codegen.render import KernelSource, render
+
+_TORCH_DTYPES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32"}
+_ALIGN = 16
+
+
+@dataclass(frozen=True)
+class NvccResult:
+    cubin: bytes
+    log: str
+    cached: bool
+
+
+def _cache_dir() -> Path:
+    d = Path(os.environ.get("DERIVC_CACHE", Path.home() / ".cache" / "derivc"))
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def nvcc_arch_flags(options: tuple[str, ...]) -> list[str]:
+    """Translate render options for nvcc: sm_90a needs the -gencode form (see HOPPER.md)."""
+    out = []
+    for o in options:
+        if o in ("--gpu-architecture=sm_90a", "-arch=sm_90a"):
+            out.append("-gencode=arch=compute_90a,code=sm_90a")
+        elif o.startswith("--gpu-architecture=") or o.startswith("-arch="):
+            out.append("-arch=" + o.split("=", 1)[1])
+        else:
+            out.append(o)
+    return out
+
+
+def compile_nvcc(source: str, options: tuple[str, ...], name: str, verbose: bool = True) -> NvccResult:
+    """nvcc -cubin with a sha256 (source, options, nvcc version) disk cache; log holds ptxas -v."""
+    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    flags = nvcc_arch_flags(options) + (["-Xptxas", "-v"] if verbose else [])
+    ver = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+    key = hashlib.sha256("\0".join([source, *flags, ver]).encode()).hexdigest()
+    d = _cache_dir()
+    cub, logf = d / f"{name}-{key[:24]}.cubin", d / f"{name}-{key[:24]}.log"
+    if cub.exists() and logf.exists():
+        return NvccResult(cub.read_bytes(), logf.read_text(), True)
+    with tempfile.TemporaryDirectory() as td:
+        src = Path(td) / f"{name}.cu"
+        src.write_text(source)
+        out = Path(td) / f"{name}.cubin"
+        r = subprocess.run([nvcc, "-cubin", *flags, "-o", str(out), str(src)],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"nvcc failed for {name}:\n{r.stdout}\n{r.stderr}")
+        data = out.read_bytes()
+    tmp = cub.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_bytes(data)
+    os.replace(tmp, cub)
+    logf.write_text(r.stdout + r.stderr)
+    return NvccResult(data, r.stdout + r.stderr, False)
+
+
+def compile_source(ks: KernelSource) -> bytes:
+    try:
+        from codegen import nvrtc  # the project's NVRTC path, when present
+    except ImportError:
+        nvrtc = None
+    if nvrtc is not None and hasattr(nvrtc, "compile_cubin"):
+        return nvrtc.compile_cubin(source=ks.source, name=ks.entry, options=ks.options).cubin
+    if shutil.which("nvcc") or os.path.exists("/usr/local/cuda/bin/nvcc"):
+        return compile_nvcc(ks.source, ks.options, ks.entry, verbose=False).cubin
+    return b""  # CuPy NVRTC below
+
+
+_STREAMS: dict = {}
+
+
+def _torch_stream(cupy, ts, dev):
+    """A CuPy view of torch's current stream (cached: building one costs microseconds)."""
+    key = (dev, ts.cuda_stream)
+    st = _STREAMS.get(key)
+    if st is None:
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            st = cupy.cuda.ExternalStream(ts.cuda_stream, dev)
+        _STREAMS[key] = st
+    return st
+
+
+@dataclass
+class _View:
+    ptr: int
+    shape: tuple[int, ...]
+    kind: str  # 'cupy' | 'torch'
+    device: int
+
+
+class CompiledKernel:
+    """A plan's kernel, loaded and callable: out = kernel(*inputs)."""
+
+    def __init__(self, plan: Plan, cubin: Optional[bytes] = None, source: Optional[KernelSource] = None):
+        import cupy  # lazy
+
+        self.plan = plan
+        self.ks = source if source is not None else render(plan)
+        cubin = cubin if cubin is not None else compile_source(self.ks)
+        if cubin:
+            with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+                f.write(cubin)
+                path = f.name
+            try:
+                self.module = cupy.RawModule(path=path)
+                self.fn = self.module.get_function(self.ks.entry)
+            finally:
+                os.unlink(path)
+        else:
+            opts = tuple(o for o in self.ks.options
+                         if not (o.startswith("-arch") or o.startswith("--gpu-architecture")))
+            self.module = cupy.RawModule(code=self.ks.source, options=opts, backend="nvrtc")
+            self.fn = self.module.get_function(self.ks.entry)
+        if self.ks.smem_bytes > 48 * 1024:
+            self.fn.max_dynamic_shared_size_bytes = self.ks.smem_bytes
+        self._ins = inputs(plan)
+        self._out = output(plan)
+
+    # -- argument checks ---------------------------------------------------------------------
+    def _view(self, x: Any, op) -> _View:
+        mod = type(x).__module__.split(".")[0]
+        if mod == "cupy":
+            import numpy as np
+            want = {"f16": np.float16, "f32": np.float32}.get(op.dtype)
+            if want is None:
+                raise ValueError(f"{op.name}: dtype {op.dtype} needs a torch tensor (CuPy has no bfloat16)")
+            if x.dtype != np.dtype(want):
+                raise ValueError(f"{op.name}: dtype {x.dtype}, kernel expects {op.dtype}")
+            if not x.flags.c_contiguous:
+                raise ValueError(f"{op.name}: must be C-contiguous (row-major)")
+            return _View(int(x.data.ptr), tuple(x.shape), "cupy", x.device.id)
+        if mod == "torch":
+            import torch
+            if not x.is_cuda:
+                raise ValueError(f"{op.name}: torch tensor must be on a CUDA device")
+            if x.dtype != getattr(torch, _TORCH_DTYPES[op.dtype]):
+                raise ValueError(f"{op.name}: dtype {x.dtype}, kernel expects {op.dtype}")
+            if not x.is_contiguous():
+                raise ValueError(f"{op.name}: must be contiguous (row-major)")
+            return _View(int(x.data_ptr()), tuple(x.shape), "torch", x.device.index)
+        raise ValueError(f"{op.name}: expected a CuPy array or torch CUDA tensor, got {type(x).__name__}")
+
+    def sizes_of(self, views: list[_View]) -> dict[str, int]:
+        sizes: dict[str, int] = {}
+        for op, v in zip(self._ins, views):
+            if len(v.shape) != len(op.dims):
+                raise ValueError(f"{op.name}: rank {len(v.shape)}, expected {len(op.dims)} {op.dims}")
+            for d, n in zip(op.dims, v.shape):
+                if d in sizes and sizes[d] != n:
+                    raise ValueError(f"{op.name}: dim {d} = {n} but an earlier operand has {d} = {sizes[d]}")
+                sizes[d] = n
+        fixed = dict(self.plan.fixed)
+        for d, n in sizes.items():
+            if d in fixed and n != fixed[d]:
+                raise ValueError(f"dim {d} = {n}, kernel compiled for {d} = {fixed[d]}")
+        for d in size_names(self.plan):
+            sizes.setdefault(d, fixed.get(d, 0))
+        self._check_divisible(sizes)
+        return sizes
+
+    def _check_divisible(self, sizes: dict[str, int]) -> None:
+        """An unguarded dim (guard flag False) was proven divisible by its tile: enforce it."""
+        p = self.plan
+        if isinstance(p, ContractionPlan):
+            pairs = [(p.m, p.block_m, p.guard_m), (p.n, p.block_n, p.guard_n), (p.k, p.block_k, p.guard_k)]
+        else:
+            pairs = [(p.seq_q, p.block_m, p.guard_q), (p.seq_k, p.block_n, p.guard_kv)]
+        for d, t, g in pairs:
+            if not g and sizes[d] % t:
+                raise ValueError(f"dim {d} = {sizes[d]} is not a multiple of its tile {t} and the "
+                                 "kernel was compiled without a guard for it")
+
+    def __call__(self, *xs: Any, out: Any = None) -> Any:
+        import cupy
+        import numpy as np
+
+        if len(xs) != len(self._ins):
+            raise ValueError(f"expected {len(self._ins)} inputs ({', '.join(o.name for o in self._ins)}), got {len(xs)}")
+        views = [self._view(x, op) for x, op in zip(xs, self._ins)]
+        kinds = {v.kind for v in views}
+        if len(kinds) != 1 or len({v.device for v in views}) != 1:
+            raise ValueError("inputs must all be CuPy arrays or all torch tensors, on one device")
+        kind, dev = views[0].kind, views[0].device
+        sizes = self.sizes_of(views)
+        shape = tuple(sizes[d] for d in self._out.dims)
+        if out is None:
+            if kind == "torch":
+                import torch
+                out = torch.empty(shape, dtype=getattr(torch, _TORCH_DTYPES[self._out.dtype]),
+                                  device=f"cuda:{dev}")
+            else:
+                out = cupy.empty(shape, dtype={"f16": np.float16, "f32": np.float32}[self._out.dtype])
+        ov = self._view(out, self._out)
+        if ov.shape != shape:
+            raise ValueError(f"{self._out.name}: shape {ov.shape}, expected {shape}")
+        for op, v in zip(self._ins + (self._out,), views + [ov]):
+            if v.ptr % _ALIGN:
+                raise ValueError(f"{op.name}: data pointer must be {_ALIGN}-byte aligned")
+        if any(n == 0 for n in shape):
+            return out
+        grid, block, smem = launch_config(self.plan, sizes)
+        args = [np.uint64(v.ptr) for v in views] + [np.uint64(ov.ptr)]
+        args += [np.int32(sizes[d]) for d in self.plan.dynamic]
+        with cupy.cuda.Device(dev):
+            if kind == "torch":
+                import torch
+                stream = _torch_stream(cupy, torch.cuda.current_stream(dev), dev)
+            else:
+                stream = cupy.cuda.get_current_stream()
+            with stream:
+                self.fn(grid, block, tuple(args), shared_mem=smem)
+        return out
