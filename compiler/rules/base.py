@@ -158,6 +158,10 @@ def freshen_binders(e: Expr, taken: set[str]) -> Expr:
 
     def go(x: Expr) -> Expr:
         x = map_children(x, go)
+        if isinstance(x, Let):
+            return _freshen_let(x, new_name)
+        if isinstance(x, Fold):
+            return _freshen_fold(x, new_name)
         if isinstance(x, Reduce):
             v = new_name(x.var)
             return replace(x, var=v, body=subst_index(x.body, x.var, Aff.of(v)))
@@ -201,3 +205,44 @@ def subst_index_bound(x: Expr, new: str) -> Expr:
 
 def alpha_equal(a: Expr, b: Expr) -> bool:
     return alpha_normal(a) == alpha_normal(b)
+
+
+def _freshen_binding(b, new_name):
+    """(binding with fresh dim names, its new name)."""
+    from ..ir import Aff, subst_index
+
+    value, dims = b.value, []
+    for v, x in b.dims:
+        n = new_name(v)
+        value = subst_index(value, v, Aff.of(n))
+        dims.append((n, x))
+    return replace(b, dims=tuple(dims), value=value), new_name(b.name)
+
+
+def _freshen_let(x, new_name):
+    from ..ir import Let, rename_tensor
+
+    bind, name = _freshen_binding(x.bind, new_name)
+    return Let(replace(bind, name=name), rename_tensor(x.body, x.bind.name, name))
+
+
+def _freshen_fold(x, new_name):
+    """A fold with fresh index, state and buffer names (reads renamed to match)."""
+    from ..ir import Aff, rename_tensor, subst_index
+
+    var = new_name(x.var)
+    binds = [replace(b, value=subst_index(b.value, x.var, Aff.of(var))) for b in x.binds]
+    update = [subst_index(u, x.var, Aff.of(var)) for u in x.update]
+    result = x.result
+    renames = [(s, new_name(s)) for s in x.state]
+    fresh_binds = []
+    for b in binds:
+        nb, name = _freshen_binding(b, new_name)
+        fresh_binds.append(replace(nb, name=name))
+        renames.append((b.name, name))
+    for old, new in renames:
+        fresh_binds = [replace(b, value=rename_tensor(b.value, old, new)) for b in fresh_binds]
+        update = [rename_tensor(u, old, new) for u in update]
+        result = rename_tensor(result, old, new)
+    state = tuple(new for _, new in renames[: len(x.state)])
+    return replace(x, var=var, state=state, binds=tuple(fresh_binds), update=tuple(update), result=result)

@@ -26,7 +26,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from ..ir import (
-    AccFact, Aff, Binding, Cond, Const, Def, Expr, Ext, Fold, Let, Program, Read, Reduce, Select,
+    AccFact, Aff, Binding, Cond, Const, Def, Expr, Ext, Fold, Let, Program, Read, Reduce, Select, Softmax,
     fresh, names_in_program, replace_reads, walk,
 )
 from . import register
@@ -79,6 +79,8 @@ class Cache(Rule):
                 raise self.fail(f"accumulator {p.accumulator} of {p.def_} is not a sum")
             if p.level != "register":
                 raise self.fail("an accumulator lives in registers (level: register)")
+            if node.acc is not None:
+                raise self.fail(f"the sum over {p.accumulator} already has an accumulator ({node.acc.level} {node.acc.dtype})")
             return {"accumulator": p.accumulator, "level": p.level, "dtype": p.dtype, "site": node}
         t = p.tensor
         if t not in prog.input_map() and not prog.has_def(t):
@@ -154,7 +156,7 @@ class Cache(Rule):
     def _extents(self, prog: Program, d: Def) -> dict[str, int | None]:
         out = {lp.var: const_extent(prog, lp.ext) for lp in d.loops}
         for e in walk(d.body):
-            if isinstance(e, (Reduce, Fold)):
+            if isinstance(e, (Reduce, Fold, Softmax)):
                 out[e.var] = const_extent(prog, e.ext) if len(e.ext.parts) == 1 else None
             if isinstance(e, Fold):
                 for b in e.binds:

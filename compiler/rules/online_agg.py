@@ -81,6 +81,12 @@ class OnlineAgg(Rule):
             raise self.fail(f"the summand of {p.def_} is not exp(s - M) * v: {shape}")
         score, m_read = _exp_minus(body.a)
         value = body.b
+        moving = {jo, ji} & set().union(*(a.names() for a in m_read.idx))
+        if moving:
+            raise self.fail(
+                f"the subtracted {m_read.tensor}[{', '.join(map(str, m_read.idx))}] depends on the summed "
+                f"{sorted(moving)}; softmax-shaped means one shift per row"
+            )
         if not prog.has_def(l_read.tensor):
             raise self.fail(f"the denominator {l_read.tensor} is not a definition")
         l_def = prog.def_named(l_read.tensor)

@@ -51,6 +51,9 @@ class Reorder(Rule):
                 raise self.fail(f"the extent of {p.inner} ({li.ext}) depends on {p.outer}")
             if lo.mapping is not None and li.mapping is None:
                 raise self.fail(f"{p.outer} is mapped to {lo.mapping}; it cannot move inside the unmapped loop {p.inner}")
+            rank = {"grid": 0, "warp": 1, "thread": 2}
+            if lo.mapping is not None and li.mapping is not None and rank[lo.mapping.level] < rank[li.mapping.level]:
+                raise self.fail(f"{p.outer} ({lo.mapping}) would move inside {p.inner} ({li.mapping})")
             return {"target": "loops", "position": a}
         if (p.outer in loop_vars) != (p.inner in loop_vars):
             raise self.fail(f"{p.outer} and {p.inner}: a loop of {p.def_} cannot be exchanged with a reduction inside its body")

@@ -47,8 +47,12 @@ class SkipMasked(Rule):
         d = self.get_def(prog, p.def_)
         node = find_binder(d, p.index)
         if isinstance(node, Reduce):
-            if not isinstance(node.body, Select):
-                raise self.fail(f"the body of the {node.op} over {p.index} is not guarded")
+            neutral = Const(0.0) if node.op == "sum" else Const(float("-inf"))
+            if not isinstance(node.body, Select) or node.body.other != neutral:
+                raise self.fail(
+                    f"the body of the {node.op} over {p.index} is not guarded with the neutral "
+                    f"{'0' if node.op == 'sum' else '-inf'} as the masked value"
+                )
             guard_sets = [node.body.conds]
             inside = {x.var for x in walk(node.body) if hasattr(x, "var") and isinstance(x, Reduce)}
         elif isinstance(node, Fold):

@@ -15,7 +15,7 @@ from pydantic import Field
 
 from ..ir import Aff, Bin, Ext, Program, Reduce, fresh, names_in_program, subst_index
 from . import register
-from .base import Facts, Rule, StepParams, const_extent, find_binder, replace_node
+from .base import Facts, Rule, StepParams, const_extent, find_binder, freshen_binders, replace_node
 
 
 class SplitParams(StepParams):
@@ -51,7 +51,8 @@ class Split(Rule):
         node: Reduce = facts["site"]
         k2 = facts["second"]
         first = replace(node, ext=Ext.of(p.at))
-        shifted = subst_index(node.body, p.index, Aff.build({k2: 1}, p.at))
+        taken = set(names_in_program(prog)) | {k2}
+        shifted = subst_index(freshen_binders(node.body, taken), p.index, Aff.build({k2: 1}, p.at))
         second = replace(node, var=k2, ext=Ext.of(facts["second_extent"]), body=shifted)
         joined = Bin("+" if node.op == "sum" else "max", first, second)
         return prog.with_def(replace(d, body=replace_node(d.body, node, joined)))

@@ -46,6 +46,8 @@ class Tile(Rule):
         if loop is None and not isinstance(node, Reduce):
             what = "a fold" if node is not None else "not bound in it"
             raise self.fail(f"index {p.index} of {p.def_} is {what}: TILE applies to a loop or a sum/max reduction")
+        if node is not None and node.mma is not None:
+            raise self.fail(f"the sum over {p.index} is mapped to tensor cores; tile before MAP-MMA")
         ext = loop.ext if loop else node.ext
         if len(ext.parts) != 1:
             raise self.fail(f"extent of {p.index} is {ext}, a min of several bounds; tile before truncating")
