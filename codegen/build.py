@@ -34,7 +34,7 @@ def plan_from_json(data: dict[str, Any]) -> Plan:
     data = dict(data)
     family = data.pop("family")
     for key in ("a", "b", "c", "q", "k", "v", "o"):
-        if key in data:
+        if isinstance(data.get(key), dict):
             data[key] = Operand(**{**data[key], "dims": tuple(data[key]["dims"])})
     data["grid"] = tuple(GridAxis(**g) for g in data["grid"])
     data["fixed"] = tuple(tuple(x) for x in data["fixed"])

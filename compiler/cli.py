@@ -213,21 +213,27 @@ def atomic_dir(outdir: Path, fill: Callable[[Path], None]) -> None:
         raise
 
 
-def cmd_build(args: argparse.Namespace, out: Out) -> int:
+def build_to(file: Path, outdir: Path, *, seed: int | None = None, codegen: bool = True) -> Any:
+    """Derive `file` and write the build directory atomically; returns the Derivation."""
     from .derive import derive
     from .spec import load_spec_file
     from .trace import verify_roundtrip
 
-    outdir = Path(args.output)
     if outdir.exists() and not outdir.is_dir():
-        raise UsageError(f"-o {args.output}: exists and is not a directory")
-    spec = load_spec_file(args.file)
-    d = derive(spec, str(args.file), seed=args.seed)
+        raise UsageError(f"-o {outdir}: exists and is not a directory")
+    spec = load_spec_file(file)
+    d = derive(spec, str(file), seed=seed)
     try:
         verify_roundtrip(d)
     except AssertionError as exc:
-        raise DerivationError("trace", f"the derivation does not replay: {exc}", None, str(args.file)) from None
-    atomic_dir(outdir, lambda tmp: write_outputs(d, tmp, codegen=not args.no_codegen))
+        raise DerivationError("trace", f"the derivation does not replay: {exc}", None, str(file)) from None
+    atomic_dir(outdir, lambda tmp: write_outputs(d, tmp, codegen=codegen))
+    return d
+
+
+def cmd_build(args: argparse.Namespace, out: Out) -> int:
+    d = build_to(Path(args.file), Path(args.output), seed=args.seed, codegen=not args.no_codegen)
+    spec = d.spec
     rows = [
         [str(s.index), s.rule, s.kind, s.theorem, f"{s.numeric['rel_error']:.1e}" if s.numeric else "-"]
         for s in d.steps
@@ -334,10 +340,15 @@ def make_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="compile and run the kernel on the GPU")
     run.add_argument("file")
     run.add_argument("--check", action="store_true", help="compare against the float64 reference")
-    run.set_defaults(func=_dispatch("codegen.run_cmd", "run"), extras_ok=True)
+    run.add_argument("--sizes", help="dynamic sizes, e.g. B=2,H=4,N=1000 (default: the check sizes)")
+    run.add_argument("--seed", type=int, default=0)
+    run.set_defaults(func=_dispatch("codegen.run_cmd", "run"), extras_ok=False)
 
-    bench = sub.add_parser("bench", help="benchmark kernels")
-    bench.set_defaults(func=_dispatch("codegen.bench", "bench"), extras_ok=True)
+    bench = sub.add_parser("bench", help="time derived kernels against cuBLAS / torch SDPA on the GPU")
+    bench.add_argument("--quick", action="store_true", help="one size per family")
+    bench.add_argument("--only", default="", help="comma-separated case families: gemm, attn")
+    bench.add_argument("--out", default="bench-out", help="directory for bench.json and bench.png")
+    bench.set_defaults(func=_dispatch("codegen.bench", "bench"), extras_ok=False)
     return p
 
 

@@ -1,0 +1,85 @@
+"""`derivc run FILE [--check] [--sizes B=2,H=4,N=1000]`: build, launch on the GPU, compare.
+
+The reference is the spec itself: IR₀ evaluated by the float64 interpreter at the same sizes
+(so keep --check sizes moderate).  Tolerance on ‖out − ref‖/‖ref‖ by output dtype: fp32 1e-5,
+fp16 2e-3, bf16 1e-2.  The output buffer is NaN-poisoned before the launch.
+"""
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+TOLERANCE = {"f32": 1e-5, "f16": 2e-3, "bf16": 1e-2}
+_TORCH = {"f16": "float16", "bf16": "bfloat16", "f32": "float32"}
+
+
+def parse_sizes(text: str | None) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for part in (text or "").split(","):
+        if part.strip():
+            k, _, v = part.partition("=")
+            out[k.strip()] = int(v)
+    return out
+
+
+def random_inputs_torch(program: Any, sizes: dict[str, int], seed: int) -> dict[str, Any]:
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    out = {}
+    for name, t in program.inputs:
+        shape = tuple(a.evaluate(sizes) for a in t.dims)
+        out[name] = torch.randn(shape, generator=g, device="cuda", dtype=getattr(torch, _TORCH[t.dtype]))
+    return out
+
+
+def check_kernel(kernel: Any, program: Any, sizes: dict[str, int], seed: int = 0) -> dict[str, Any]:
+    """Run the kernel on fresh inputs with a poisoned output and compare with IR₀ in float64."""
+    import torch
+
+    from compiler.interp import rel_error, run_program
+
+    xs = random_inputs_torch(program, sizes, seed)
+    out_type = program.tensor_type(program.output)
+    shape = tuple(a.evaluate(sizes) for a in out_type.dims)
+    out = torch.full(shape, float("nan"), device="cuda", dtype=getattr(torch, _TORCH[out_type.dtype]))
+    order = [op.name for op in _plan_inputs(kernel.plan)]
+    kernel(*[xs[n] for n in order], out=out)
+    torch.cuda.synchronize()
+    ref = run_program(program, sizes, {n: x.double().cpu().numpy() for n, x in xs.items()})[program.output]
+    got = out.double().cpu().numpy()
+    err = rel_error(got, ref)
+    tol = TOLERANCE[out_type.dtype]
+    return {"sizes": sizes, "rel_error": err, "tolerance": tol, "passed": bool(err <= tol),
+            "nan": bool(np.isnan(got).any())}
+
+
+def _plan_inputs(plan: Any) -> tuple:
+    from codegen.plan import inputs
+
+    return inputs(plan)
+
+
+def main(args: argparse.Namespace) -> int:
+    import derivc
+    from compiler.errors import EXIT_DERIVATION_FAILED
+
+    with tempfile.TemporaryDirectory(prefix="derivc-run-") as tmp:
+        build_dir = Path(tmp) / "build"
+        from compiler.cli import build_to
+
+        d = build_to(Path(args.file), build_dir)
+        kernel = derivc.load(build_dir)
+        sizes = dict(d.check_sizes)
+        sizes.update(parse_sizes(getattr(args, "sizes", None)))
+        result = check_kernel(kernel, d.programs[0], sizes, seed=getattr(args, "seed", None) or 0)
+    print(f"{kernel.plan.kernel_name} at {', '.join(f'{k}={v}' for k, v in sizes.items())}: "
+          f"‖out − ref‖/‖ref‖ = {result['rel_error']:.3e} (tolerance {result['tolerance']:.0e}) "
+          f"{'ok' if result['passed'] else 'FAILED'}")
+    if not args.check:
+        return 0
+    return 0 if result["passed"] else EXIT_DERIVATION_FAILED
