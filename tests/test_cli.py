@@ -196,8 +196,6 @@ def test_explain_failure_is_one_line(spec: Path, test_rules):
     [
         (["verify", "d"], "compiler.verify"),
         (["replay", "d", "--step", "2"], "compiler.replay_cmd"),
-        (["run", "f.yaml", "--check"], "codegen.run_cmd"),
-        (["bench"], "codegen.bench"),
     ],
 )
 def test_reserved_subcommands_dispatch(argv, module, monkeypatch):
@@ -210,6 +208,19 @@ def test_reserved_subcommands_dispatch(argv, module, monkeypatch):
     monkeypatch.setitem(sys.modules, module, types.SimpleNamespace(main=main))
     rc, _, _ = run_cli(argv + ["--extra-flag"])
     assert rc == 0 and got["args"].command == argv[0] and got["args"].extra == ["--extra-flag"]
+
+
+@pytest.mark.parametrize(
+    "argv, module",
+    [(["run", "f.yaml", "--check", "--sizes", "M=5"], "codegen.run_cmd"), (["bench", "--quick"], "codegen.bench")],
+)
+def test_gpu_subcommands_dispatch(argv, module, monkeypatch):
+    got = {}
+    monkeypatch.setitem(sys.modules, module, types.SimpleNamespace(main=lambda args: got.setdefault("args", args) and 0))
+    rc, _, _ = run_cli(argv)
+    assert rc == 0 and got["args"].command == argv[0]
+    rc, _, stderr = run_cli(argv + ["--extra-flag"])
+    assert rc == 2 and "unrecognized" in stderr
 
 
 def test_reserved_subcommand_not_available(monkeypatch):
