@@ -56,8 +56,6 @@ def promises(plan: Plan) -> dict[str, Any]:
 
 def emit(derivation: Any, outdir: Path) -> dict[str, Any]:
     """Lower, render, compile and check the final program of a derivation into outdir."""
-    from .render import render
-
     outdir = Path(outdir)
     try:
         plan = lower_to_plan(derivation.final, derivation.spec.name)
@@ -65,30 +63,44 @@ def emit(derivation: Any, outdir: Path) -> dict[str, Any]:
         (outdir / "codegen.txt").write_text(f"no CUDA kernel: {exc}\n")
         return {"kernel": None, "reason": str(exc)}
     (outdir / "plan.json").write_text(json.dumps(plan_json(plan), indent=2) + "\n")
-    ks = render(plan)
-    (outdir / "kernel.cu").write_text(ks.source)
+    variants = [("kernel", False)]
+    if isinstance(plan, ContractionPlan) and plan.mma == "wgmma":
+        variants.append(("kernel_tma", True))  # warp-specialized TMA variant, chosen at launch
+    result: dict[str, Any] = {}
+    for stem, tma in variants:
+        result[stem] = _emit_one(plan, outdir, stem, tma)
+    return result
+
+
+def _emit_one(plan: Plan, outdir: Path, stem: str, tma: bool) -> dict[str, Any]:
+    """Render, compile and check one kernel source: STEM.cu, STEM.cubin, STEM.log, STEM.sass.json."""
+    from .nvrtc import CompileError, compile_cubin, nvrtc_available
+    from .render import render
+
+    ks = render(plan, tma=tma)
+    (outdir / f"{stem}.cu").write_text(ks.source)
     result: dict[str, Any] = {"kernel": ks.entry, "threads": ks.threads, "smem_bytes": ks.smem_bytes,
                               "options": list(ks.options)}
-    from .nvrtc import CompileError, compile_cubin, nvrtc_available
-
+    log_name = "compile.log" if stem == "kernel" else f"{stem}.log"
     if not nvrtc_available():
-        (outdir / "compile.log").write_text("NVRTC not available: kernel.cu written, not compiled\n")
+        (outdir / log_name).write_text("NVRTC not available: source written, not compiled\n")
         result["compiled"] = False
         return result
     try:
         comp = compile_cubin(ks.source, ks.entry, tuple(ks.options) + ("-Xptxas=-v",))
     except CompileError as exc:
-        (outdir / "compile.log").write_text(exc.log)
-        raise CodegenError(f"NVRTC failed to compile {ks.entry}: {str(exc).splitlines()[0]}") from None
-    (outdir / "kernel.cubin").write_bytes(comp.cubin)
-    (outdir / "compile.log").write_text(comp.log)
+        (outdir / log_name).write_text(exc.log)
+        raise CodegenError(f"NVRTC failed to compile {stem}.cu ({ks.entry}): {str(exc).splitlines()[0]}") from None
+    (outdir / f"{stem}.cubin").write_bytes(comp.cubin)
+    (outdir / log_name).write_text(comp.log)
     result["compiled"] = True
+    sass_name = "sass.json" if stem == "kernel" else f"{stem}.sass.json"
     try:
         from .sass import check_promises, disassemble
 
         report = disassemble(comp.cubin, ptxas_log=comp.log)
     except Exception as exc:  # disassembler missing: the cubin still stands
-        (outdir / "sass.json").write_text(json.dumps({"error": str(exc)}) + "\n")
+        (outdir / sass_name).write_text(json.dumps({"error": str(exc)}) + "\n")
         return result
     promised = promises(plan)
     violations = check_promises(report, **promised)
@@ -97,8 +109,8 @@ def emit(derivation: Any, outdir: Path) -> dict[str, Any]:
         "ldgsts": report.has_ldgsts, "ldsm": report.has_ldsm, "local_memory_ops": report.local_memory_ops,
         "registers": report.registers,
     }
-    (outdir / "sass.json").write_text(json.dumps(sass, indent=2) + "\n")
+    (outdir / sass_name).write_text(json.dumps(sass, indent=2) + "\n")
     if violations:
-        raise CodegenError("; ".join(violations))
+        raise CodegenError(f"{stem}: " + "; ".join(violations))
     result["sass"] = sass
     return result

@@ -61,8 +61,18 @@ def check_sizes(plan: Plan, sizes: dict[str, int]) -> None:
             raise ValueError(f"size {name!r} = {v} does not fit int32")
 
 
-def launch_config(plan: Plan, sizes: dict[str, int]) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
+def launch_config(plan: Plan, sizes: dict[str, int], *, tma: bool = False
+                  ) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
     """(grid, block, dynamic shared-memory bytes) for the given sizes."""
+    if isinstance(plan, ContractionPlan) and plan.mma == "wgmma":
+        from codegen.render_wgmma import launch_config_wgmma
+
+        return launch_config_wgmma(plan, sizes, tma=tma)
+    return grid_dims(plan, sizes), (threads(plan), 1, 1), smem_bytes(plan)
+
+
+def grid_dims(plan: Plan, sizes: dict[str, int]) -> tuple[int, int, int]:
+    """Blocks along x, y, z: one per tile of each grid-mapped dimension."""
     check_sizes(plan, sizes)
     grid = [1, 1, 1]
     for g in plan.grid:
@@ -70,4 +80,4 @@ def launch_config(plan: Plan, sizes: dict[str, int]) -> tuple[tuple[int, int, in
     for i, (n, lim) in enumerate(zip(grid, _GRID_LIMIT)):
         if n > lim:
             raise ValueError(f"grid axis {'xyz'[i]} has {n} blocks > limit {lim}")
-    return (grid[0], grid[1], grid[2]), (threads(plan), 1, 1), smem_bytes(plan)
+    return (grid[0], grid[1], grid[2])

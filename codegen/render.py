@@ -237,8 +237,16 @@ def _attention_ctx(p: AttentionPlan) -> dict:
     return ctx | {"_arg_names": arg_names}
 
 
-def render(plan: Plan, options: tuple[str, ...] = DEFAULT_OPTIONS) -> KernelSource:
+def render(plan: Plan, options: tuple[str, ...] = DEFAULT_OPTIONS, *, tma: bool = False) -> KernelSource:
+    """CUDA source of a plan.  MAP-MMA with wgmma renders the Hopper kernel (render_wgmma):
+    tma=False its cp.async variant (any sizes), tma=True the warp-specialized TMA variant."""
     check_plan(plan)
+    if isinstance(plan, ContractionPlan) and plan.mma == "wgmma":
+        from codegen.render_wgmma import render_wgmma
+
+        return render_wgmma(plan, options, tma=tma)
+    if tma:
+        raise ValueError("tma=True applies to wgmma plans only")
     if isinstance(plan, ContractionPlan):
         ctx, tmpl = _contraction_ctx(plan), "contraction.cu.j2"
     elif isinstance(plan, AttentionPlan):

@@ -43,6 +43,7 @@ def check_kernel(kernel: Any, program: Any, sizes: dict[str, int], seed: int = 0
 
     from compiler.interp import rel_error, run_program
 
+    sizes = {**{n: v for n, v in program.sizes if v is not None}, **sizes}
     xs = random_inputs_torch(program, sizes, seed)
     out_type = program.tensor_type(program.output)
     shape = tuple(a.evaluate(sizes) for a in out_type.dims)

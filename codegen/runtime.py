@@ -115,30 +115,43 @@ class _View:
 class CompiledKernel:
     """A plan's kernel, loaded and callable: out = kernel(*inputs)."""
 
-    def __init__(self, plan: Plan, cubin: Optional[bytes] = None, source: Optional[KernelSource] = None):
-        import cupy  # lazy
-
+    def __init__(self, plan: Plan, cubin: Optional[bytes] = None, source: Optional[KernelSource] = None,
+                 tma_cubin: Optional[bytes] = None):
         self.plan = plan
         self.ks = source if source is not None else render(plan)
-        cubin = cubin if cubin is not None else compile_source(self.ks)
+        self.module, self.fn = self._load(self.ks, cubin)
+        self._ins = inputs(plan)
+        self._out = output(plan)
+        # MAP-MMA to wgmma: the warp-specialized TMA variant runs when sizes and pointers allow
+        # (16-byte rows and bases), the cp.async variant otherwise.
+        self.tma = None
+        if isinstance(plan, ContractionPlan) and plan.mma == "wgmma":
+            ks_tma = render(plan, tma=True)
+            self.tma = (ks_tma,) + self._load(ks_tma, tma_cubin)
+            self._maps: dict[tuple, Any] = {}
+
+    @staticmethod
+    def _load(ks: KernelSource, cubin: Optional[bytes]):
+        import cupy  # lazy
+
+        cubin = cubin if cubin is not None else compile_source(ks)
         if cubin:
             with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
                 f.write(cubin)
                 path = f.name
             try:
-                self.module = cupy.RawModule(path=path)
-                self.fn = self.module.get_function(self.ks.entry)
+                module = cupy.RawModule(path=path)
+                fn = module.get_function(ks.entry)
             finally:
                 os.unlink(path)
         else:
-            opts = tuple(o for o in self.ks.options
+            opts = tuple(o for o in ks.options
                          if not (o.startswith("-arch") or o.startswith("--gpu-architecture")))
-            self.module = cupy.RawModule(code=self.ks.source, options=opts, backend="nvrtc")
-            self.fn = self.module.get_function(self.ks.entry)
-        if self.ks.smem_bytes > 48 * 1024:
-            self.fn.max_dynamic_shared_size_bytes = self.ks.smem_bytes
-        self._ins = inputs(plan)
-        self._out = output(plan)
+            module = cupy.RawModule(code=ks.source, options=opts, backend="nvrtc")
+            fn = module.get_function(ks.entry)
+        if ks.smem_bytes > 48 * 1024:
+            fn.max_dynamic_shared_size_bytes = ks.smem_bytes
+        return module, fn
 
     # -- argument checks ---------------------------------------------------------------------
     def _view(self, x: Any, op) -> _View:
@@ -222,9 +235,26 @@ class CompiledKernel:
                 raise ValueError(f"{op.name}: data pointer must be {_ALIGN}-byte aligned")
         if any(n == 0 for n in shape):
             return out
-        grid, block, smem = launch_config(self.plan, sizes)
+        fn = self.fn
         args = [np.uint64(v.ptr) for v in views] + [np.uint64(ov.ptr)]
         args += [np.int32(sizes[d]) for d in self.plan.dynamic]
+        use_tma = False
+        if self.tma is not None:
+            from codegen.render_wgmma import encode_tensor_maps, tma_supported
+
+            ptrs = tuple(v.ptr for v in views)
+            use_tma = tma_supported(self.plan, sizes, ptrs)
+            if use_tma:
+                key = (ptrs, tuple(sorted(sizes.items())), dev)
+                if key not in self._maps:  # encoded once per (inputs, sizes); kept on the device
+                    if len(self._maps) > 64:
+                        self._maps.clear()
+                    with cupy.cuda.Device(dev):
+                        raw = encode_tensor_maps(self.plan, sizes, *ptrs)
+                        self._maps[key] = cupy.asarray(np.frombuffer(raw, dtype=np.uint8))
+                args.append(np.uint64(self._maps[key].data.ptr))
+                fn = self.tma[2]
+        grid, block, smem = launch_config(self.plan, sizes, tma=use_tma)
         with cupy.cuda.Device(dev):
             if kind == "torch":
                 import torch
@@ -232,5 +262,5 @@ class CompiledKernel:
             else:
                 stream = cupy.cuda.get_current_stream()
             with stream:
-                self.fn(grid, block, tuple(args), shared_mem=smem)
+                fn(grid, block, tuple(args), shared_mem=smem)
         return out

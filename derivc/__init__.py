@@ -33,7 +33,9 @@ class Kernel:
         self.plan = plan_from_json(json.loads(plan_file.read_text()))
         cubin_file = self.out_dir / "kernel.cubin"
         cubin = cubin_file.read_bytes() if cubin_file.exists() else None
-        self._kernel = CompiledKernel(self.plan, cubin=cubin)
+        tma_file = self.out_dir / "kernel_tma.cubin"
+        tma = tma_file.read_bytes() if tma_file.exists() else None
+        self._kernel = CompiledKernel(self.plan, cubin=cubin, tma_cubin=tma)
 
     def __call__(self, *inputs: Any, out: Any = None) -> Any:
         return self._kernel(*inputs, out=out)

@@ -25,7 +25,8 @@ sys.path.insert(0, str(ROOT))
 
 from codegen.devtools.plans import gemm  # noqa: E402
 from codegen.plan import ContractionPlan  # noqa: E402
-from codegen.render_wgmma import launch_config_wgmma, render_wgmma  # noqa: E402
+from codegen.render_wgmma import (encode_tensor_maps, launch_config_wgmma, render_wgmma,  # noqa: E402
+                                  tma_supported)
 
 OUT = Path(os.environ.get("OUT", "/tmp/derivc_out"))
 
@@ -47,6 +48,14 @@ def variants() -> dict[str, ContractionPlan]:
     v["wg_f16_128x128_s4"] = wg_plan("wg_f16_128x128_s4", block=(128, 128, 64))
     v["wg_f16_256x128_s4"] = wg_plan("wg_f16_256x128_s4", block=(256, 128, 64))
     v["wg_f16_128x256_s3"] = wg_plan("wg_f16_128x256_s3", stages=3)
+    # TMA + mbarrier, warp-specialized producer (names start with 'wt_')
+    v["wt_f16_128x256_s4"] = wg_plan("wt_f16_128x256_s4")
+    v["wt_bf16_128x256_s4"] = wg_plan("wt_bf16_128x256_s4", "bf16")
+    v["wt_f16_128x256_s4_bt"] = wg_plan("wt_f16_128x256_s4_bt", b_transposed=True)
+    v["wt_f16_128x128_s6"] = wg_plan("wt_f16_128x128_s6", block=(128, 128, 64), stages=6)
+    v["wt_f16_256x128_s4"] = wg_plan("wt_f16_256x128_s4", block=(256, 128, 64))
+    v["wt_bf16_batch_bt_s3"] = wg_plan("wt_bf16_batch_bt_s3", "bf16", block=(128, 128, 64), stages=3,
+                                       batch=True, b_transposed=True)
     # correctness only
     v["wg_bf16_batch_bt_s2"] = wg_plan("wg_bf16_batch_bt_s2", "bf16", block=(64, 128, 64), warps=(4, 1),
                                        stages=2, batch=True, b_transposed=True)
@@ -55,11 +64,16 @@ def variants() -> dict[str, ContractionPlan]:
     return v
 
 
-TIMED = ("wg_f16_128x256_s4", "wg_f16_128x256_s3", "wg_f16_128x128_s4", "wg_f16_256x128_s4",
-         "wg_f16_128x256_s4_bt", "wg_bf16_128x256_s4")
+TIMED = ("wg_f16_128x256_s4", "wg_bf16_128x256_s4", "wt_f16_128x256_s4", "wt_f16_128x256_s4_bt",
+         "wt_f16_128x128_s6", "wt_f16_256x128_s4", "wt_bf16_128x256_s4")
 
 
-BIG_CHECKED = ("wg_f16_128x256_s4", "wg_bf16_128x256_s4", "wg_f16_128x256_s4_bt")
+BIG_CHECKED = ("wg_f16_128x256_s4", "wg_bf16_128x256_s4", "wt_f16_128x256_s4", "wt_bf16_128x256_s4",
+               "wt_f16_128x256_s4_bt", "wt_f16_256x128_s4")
+
+
+def is_tma(name: str) -> bool:
+    return name.startswith("wt_")
 
 
 def _key(ks) -> str:
@@ -72,7 +86,7 @@ def build(dirpath: Path) -> None:
     from codegen.nvrtc import compile_cubin
     dirpath.mkdir(parents=True, exist_ok=True)
     for name, plan in variants().items():
-        ks = render_wgmma(plan)
+        ks = render_wgmma(plan, tma=is_tma(name))
         r = compile_cubin(ks.source, ks.entry, tuple(ks.options) + ("-Xptxas=-v",))
         (dirpath / f"{ks.entry}-{_key(ks)}.cubin").write_bytes(r.cubin)
         rep = sass.disassemble(r.cubin, ptxas_log=r.log)
@@ -80,7 +94,7 @@ def build(dirpath: Path) -> None:
         warn = "C7515" in r.log or "C7508" in r.log
         print(f"{name:28s} regs {res.registers if res else '?':>3} smem {ks.smem_bytes:6d} "
               f"HGMMA {rep.count('HGMMA'):2d} LDGSTS {rep.count('LDGSTS'):3d} "
-              f"LDL/STL {rep.local_memory_ops} serialize-warning {warn}")
+              f"UTMALDG {rep.count('UTMALDG'):2d} LDL/STL {rep.local_memory_ops} serialize-warning {warn}")
 
 
 class Kernels:
@@ -93,7 +107,7 @@ class Kernels:
     def get(self, name: str, plan: ContractionPlan):
         if name in self.fns:
             return self.fns[name]
-        ks = render_wgmma(plan)
+        ks = render_wgmma(plan, tma=is_tma(name))
         pre = Path(os.environ.get("WG_CUBINS", ROOT / ".wgcubins")) / f"{ks.entry}-{_key(ks)}.cubin"
         if pre.exists():
             cubin, how = pre.read_bytes(), "prebuilt"
@@ -112,18 +126,42 @@ class Kernels:
 
     def launcher(self, name: str, plan: ContractionPlan, sizes: dict[str, int]):
         import numpy as np
+        import torch
         _, fn, ks = self.get(name, plan)
-        grid, block, smem = launch_config_wgmma(plan, sizes)
+        tma = is_tma(name)
+        grid, block, smem = launch_config_wgmma(plan, sizes, tma=tma)
+        assert block[0] == ks.threads and smem == ks.smem_bytes
         dyn = tuple(np.int32(sizes[d]) for d in plan.dynamic)
+        maps: dict[tuple[int, int], object] = {}
 
         def run(a, b, c):
-            fn(grid, block, (np.uint64(a.data_ptr()), np.uint64(b.data_ptr()), np.uint64(c.data_ptr())) + dyn,
-               shared_mem=smem)
+            extra = ()
+            if tma:
+                key = (a.data_ptr(), b.data_ptr())
+                if key not in maps:  # encoded once per input pair (host), kept on the device
+                    raw = encode_tensor_maps(plan, sizes, *key)
+                    maps[key] = torch.frombuffer(bytearray(raw), dtype=torch.uint8).cuda()
+                extra = (np.uint64(maps[key].data_ptr()),)
+            fn(grid, block, (np.uint64(a.data_ptr()), np.uint64(b.data_ptr()), np.uint64(c.data_ptr()))
+               + dyn + extra, shared_mem=smem)
         return run
 
 
 def _tdt(torch, dt: str):
     return {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}[dt]
+
+
+def _wait_or_die(torch, what: str, limit_s: float = 20.0) -> None:
+    """A pipeline bug (an mbarrier never completing) hangs the kernel: fail loudly instead."""
+    ev = torch.cuda.Event()
+    ev.record()
+    t0 = time.time()
+    while not ev.query():
+        if time.time() - t0 > limit_s:
+            print(f"HANG: {what} did not finish in {limit_s} s", flush=True)
+            os._exit(3)
+        time.sleep(0.001)
+    torch.cuda.synchronize()
 
 
 def correctness(K: Kernels, quick: bool) -> list[tuple]:
@@ -148,9 +186,11 @@ def correctness(K: Kernels, quick: bool) -> list[tuple]:
             bshape = lead + ((n, k) if plan.b_transposed else (k, n))
             b = torch.randn(bshape, device="cuda").to(dt)
             c = torch.full(lead + (m, n), float("nan"), device="cuda", dtype=_tdt(torch, plan.c.dtype))
+            if is_tma(name) and not tma_supported(plan, sizes, (a.data_ptr(), b.data_ptr())):
+                continue  # the cp.async kernel serves unaligned sizes
             try:
                 K.launcher(name, plan, sizes)(a, b, c)
-                torch.cuda.synchronize()
+                _wait_or_die(torch, f"{name} {(m, n, k)}")
             except Exception as exc:  # noqa: BLE001
                 rows.append((name, (m, n, k), "LAUNCH-ERR", str(exc)[:80]))
                 continue
@@ -199,7 +239,8 @@ def timing(K: Kernels, sizes_list=(4096, 8192), nrot: int = 4) -> list[tuple]:
             # second cuBLAS timing: spread between two measurements of the same thing
             t_ref2 = do_bench(cublas, warmup=50, rep=300, return_mode="median")
             out.append((s, dt, "torch.matmul again", flops / t_ref2 / 1e9, t_ref / t_ref2, ""))
-            del As, Bs, C
+            As.clear()
+            Bs.clear()
             torch.cuda.empty_cache()
     return out
 
@@ -222,7 +263,7 @@ def main() -> int:
     bad = [r for r in rows if r[2] != "ok"]
     lines = [f"{r[0]:28s} {str(r[1]):20s} {r[2]:10s} {r[3]}" for r in rows]
     (OUT / "wgmma_correctness.txt").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines[-8:] + [l for l, r in zip(lines, rows) if r[2] != "ok"][:30]), flush=True)
+    print("\n".join(lines[-8:] + [ln for ln, r in zip(lines, rows) if r[2] != "ok"][:30]), flush=True)
     print(f"correctness: {len(rows) - len(bad)}/{len(rows)} ok ({time.time() - t0:.1f} s)", flush=True)
     for n, i in K.info.items():
         print(f"  {n}: {i}")

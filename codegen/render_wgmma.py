@@ -1,0 +1,257 @@
+"""ContractionPlan with mma='wgmma' -> CUDA source for Hopper warpgroup tensor cores (sm_90a).
+
+The lead dispatches here from render.py / launch.py when ``plan.mma == 'wgmma'``:
+
+    ks = render_wgmma(plan)                              # KernelSource, same contract as render()
+    grid, block, smem = launch_config_wgmma(plan, sizes)
+
+Mapping of the plan onto the machine:
+  * warps: ``warps_m`` must be a multiple of 4. The warps form ``warps_m // 4`` x ``warps_n``
+    warpgroups (4 consecutive warps each); warpgroup (wm, wn) owns rows
+    [wm*WM, (wm+1)*WM) x cols [wn*WN, (wn+1)*WN) of the block tile, WM = block_m / (warps_m/4)
+    a multiple of 64 (MI = WM/64 wgmma row tiles), WN = block_n / warps_n <= 256. Inside a
+    warpgroup, warp w holds rows 16w..16w+15 of every m64 tile (the wgmma accumulator layout),
+    which is what the schedule's ``parallel ii -> warp`` with count warps_m says.
+  * operands: A [.., M, K] and B ([.., K, N], or [.., N, K] when b_transposed) staged in a
+    ``stages``-slot ring of 128-byte swizzled shared tiles, filled with 16-byte cp.async by all
+    threads; wgmma reads them through matrix descriptors (A K-major; B MN-major "transposed"
+    mode when stored [K, N], K-major when stored [N, K]). block_k is a multiple of 64 (one
+    128-byte swizzle row of f16/bf16).
+  * pipeline: ``stages - 2`` tiles load ahead while one wgmma group stays in flight (stages >= 3);
+    with stages == 2 the wgmma group is drained each k-tile.
+  * tails: guard_m / guard_n / guard_k zero-fill the cp.async copies (src-size) and guard the
+    stores; rows whose leading dim is not a multiple of 8 elements take a scalar gather path.
+
+Two kernels per plan:
+  * tma=False (default): the cp.async ring above; any sizes. ~0.55-0.6x cuBLAS.
+  * tma=True: warp-specialized: one extra producer warpgroup (setmaxnreg 40) issues
+    cp.async.bulk.tensor (TMA, 128-byte swizzle, zero fill out of bounds) completing on full
+    mbarriers; the consumer warpgroups (setmaxnreg 232) wait on them, keep one wgmma group in
+    flight and release each slot on an empty mbarrier. Needs tensor maps encoded on the host
+    (encode_tensor_maps: libcuda cuTensorMapEncodeTiled through ctypes, 256 bytes copied to the
+    device; extra last kernel argument) and tma_supported(plan, sizes, ptrs) (K and, for B
+    stored [K, N], N multiples of 8; 16-byte aligned bases). ~0.99-1.0x cuBLAS at 8192^3.
+H200, 2026-11-29 (codegen/devtools/wgmma_check.py, do_bench median, 4 rotating input sets),
+128x256x64, 4 stages, 2 consumer warpgroups, TFLOP/s (ratio to torch.matmul in the same run):
+    8192^3 f16: tma 652 (0.99), cp.async 378 (0.58), cuBLAS 656;  bf16: tma 673 (1.00), cuBLAS 672
+    4096^3 f16: tma 647 (0.93), cp.async 383 (0.55), cuBLAS 695;  bf16: tma 701 (0.96), cuBLAS 730
+"""
+from __future__ import annotations
+
+import re
+
+import jinja2
+
+from codegen import launch
+from codegen.plan import DTYPE_BYTES, ContractionPlan, check_plan, threads
+from codegen.render import (DEFAULT_OPTIONS, RASTER_GROUP, TEMPLATE_DIR, KernelSource, _batch,
+                            _ident, _params, _Sizes, _tile_axis)
+
+SMEM_LIMIT = 227 * 1024
+_ALIGN_SLACK = 1024  # the kernel rounds the dynamic shared base up to 1024 bytes
+
+_env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
+                          undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                          trim_blocks=False, lstrip_blocks=False)
+
+
+def _geometry(p: ContractionPlan, tma: bool = False) -> dict:
+    """Warpgroup tiling, shared-memory layout and pipeline depth; ValueError naming the field."""
+    if p.mma != "wgmma":
+        raise ValueError(f"render_wgmma needs plan.mma == 'wgmma', got {p.mma!r}")
+    if p.a.dtype != p.b.dtype or p.a.dtype not in ("f16", "bf16"):
+        raise ValueError(f"wgmma needs a, b both f16 or both bf16, got {p.a.dtype}, {p.b.dtype}")
+    if p.c.dtype not in ("f16", "bf16", "f32"):
+        raise ValueError(f"output dtype {p.c.dtype!r} unsupported")
+    for op in (p.a, p.b):
+        if op.level != "shared":
+            raise ValueError(f"operand {op.name}: wgmma reads shared tiles, level must be 'shared' "
+                             f"(got {op.level!r})")
+    if p.warps_m < 4 or p.warps_m % 4:
+        raise ValueError(f"warps_m={p.warps_m}: wgmma needs warpgroups of 4 warps along m")
+    if p.warps_n < 1:
+        raise ValueError("warps_n must be >= 1")
+    wgm, wgn = p.warps_m // 4, p.warps_n
+    bm, bn, bk = p.block_m, p.block_n, p.block_k
+    if bm % (64 * wgm):
+        raise ValueError(f"block_m={bm} must be a multiple of 64 x {wgm} warpgroups along m")
+    if bk % 64:
+        raise ValueError(f"block_k={bk} must be a multiple of 64 (one 128-byte swizzle row)")
+    if bn % wgn:
+        raise ValueError(f"block_n={bn} does not split over {wgn} warpgroups along n")
+    wm, wn = bm // wgm, bn // wgn
+    if wn > 256 or wn % 8:
+        raise ValueError(f"warpgroup n-tile {wn} must be a multiple of 8 and <= 256 (wgmma m64nNk16)")
+    kn = not p.b_transposed
+    if kn and (wn % 64 or bn % 64):
+        raise ValueError(f"B stored [K, N] (MN-major) needs block_n and the warpgroup n-tile ({wn}) "
+                         "to be multiples of 64 (128-byte swizzle atoms)")
+    if p.stages < 2:
+        raise ValueError("stages must be >= 2 for the wgmma pipeline")
+    nthreads = threads(p)
+    eab, ec = DTYPE_BYTES[p.a.dtype], DTYPE_BYTES[p.c.dtype]
+    a_stage, b_stage = bm * bk * eab, bk * bn * eab
+    ring = p.stages * (a_stage + b_stage)
+    crow = bn * ec + 16  # epilogue staging pitch: 16 bytes of padding per row
+    nwg = wgm * wgn
+    bar_off = max(ring, bm * crow)
+    total = bar_off + (2 * p.stages * 8 if tma else 0) + _ALIGN_SLACK
+    g = dict(WGM=wgm, WGN=wgn, NWG=nwg, WM=wm, WN=wn, MI=wm // 64, NREG=wn // 2, kn=kn,
+             threads=nthreads + (128 if tma else 0), tma=tma,
+             A_STAGE=a_stage, B_STAGE=b_stage, B_OFF=p.stages * a_stage, CROW=crow, BAR_OFF=bar_off,
+             CPR=bn * ec // 16, CVEC=16 // ec, c_elem=ec, smem_bytes=total,
+             INFL=1 if p.stages >= 3 else 0, LOOK=p.stages - (2 if p.stages >= 3 else 1))
+    if tma:
+        if bm > 256 or (not kn and bn > 256) or (kn and bk > 256):
+            raise ValueError("TMA boxes are at most 256 rows: block_m, block_n ([N, K] B) or "
+                             "block_k ([K, N] B) too large")
+        if len(p.batch) > 1 or any(op.dims[:-2] != p.batch for op in (p.a, p.b)):
+            raise ValueError("TMA path: at most one batch dim, carried by a, b and c alike")
+        # producer warpgroup keeps REG_PRODUCER registers, consumers take the rest (multiples of 8)
+        g["REG_PRODUCER"] = 40
+        g["REG_CONSUMER"] = min(240, (65536 - 128 * 40) // (nwg * 128) // 8 * 8)
+    return g
+
+
+def smem_bytes_wgmma(plan: ContractionPlan, tma: bool = False) -> int:
+    return _geometry(plan, tma)["smem_bytes"]
+
+
+def _context(p: ContractionPlan, tma: bool = False) -> dict:
+    g = _geometry(p, tma)
+    sz = _Sizes(p)
+    nthreads = g["threads"]
+    ctx: dict = dict(g, kname=_ident(p.kernel_name), stages=p.stages, BM=p.block_m, BN=p.block_n,
+                     BK=p.block_k, ab_dt=p.a.dtype, ab_ct=p.a.dtype + "_t", c_dt=p.c.dtype,
+                     c_ct=p.c.dtype + "_t", trans_b=g["kn"], guard_m=p.guard_m, guard_n=p.guard_n,
+                     guard_k=p.guard_k, M=sz.expr(p.m), N=sz.expr(p.n), K=sz.expr(p.k))
+    ctx["params"], ctx["_arg_names"] = _params(p, sz)
+    if tma:
+        ctx["_arg_names"] = ctx["_arg_names"] + ("tmaps",)
+    a_chunks, b_chunks = p.block_m * p.block_k // 8, p.block_k * p.block_n // 8
+    ctx.update(A_CHUNKS=a_chunks, B_CHUNKS=b_chunks, A_ITERS=-(-a_chunks // nthreads),
+               B_ITERS=-(-b_chunks // nthreads))
+    c_chunks = p.block_m * g["CPR"]
+    ethreads = g["NWG"] * 128  # the epilogue runs on the consumer warpgroups
+    if c_chunks % ethreads:
+        raise ValueError(f"epilogue: {c_chunks} 16-byte chunks do not split over {ethreads} threads")
+    ctx["C_ITERS"] = c_chunks // ethreads
+    ctx["C_ITERS_C"] = ctx["C_ITERS"]
+    ctx["batched"] = bool(p.batch) and tma
+    ctx["batch_index"] = f"bi_{_ident(p.batch[0])}" if p.batch else "0"
+    # run-time 16-byte row alignment flags (dynamic contiguous dims only; fixed ones are checked here)
+    fixed = dict(p.fixed)
+    b_contig = p.n if ctx["kn"] else p.k
+
+    def _align_flag(dim: str, flag: str) -> str | None:
+        if dim in p.dynamic:
+            return flag
+        if fixed[dim] % 8:
+            raise ValueError(f"fixed size {dim}={fixed[dim]} must be a multiple of 8 (16-byte rows)")
+        return None
+
+    ctx["a_aligned"] = _align_flag(p.k, "a_rows_aligned")
+    ctx["b_aligned"] = _align_flag(b_contig, "b_rows_aligned")
+    if p.n in p.dynamic:
+        ctx["c_vec_ok"] = f"(({ctx['N']} % {g['CVEC']}) == 0)"
+    else:
+        ctx["c_vec_ok"] = None if fixed[p.n] % g["CVEC"] == 0 else "false"
+    decls, offs = _batch(p, sz, {"a": p.a, "b": p.b, "c": p.c})
+    ctx.update(batch_decls=decls, off_a=offs["a"], off_b=offs["b"], off_c=offs["c"])
+    ax_m, ax_n = _tile_axis(p, p.m, p.block_m), _tile_axis(p, p.n, p.block_n)
+    if {ax_m, ax_n} == {"x", "y"}:
+        ctx["raster"] = dict(ax_m=ax_m, ax_n=ax_n, group=RASTER_GROUP)
+    else:
+        ctx["raster"] = None
+        ctx["tm_expr"], ctx["tn_expr"] = f"(int)blockIdx.{ax_m}", f"(int)blockIdx.{ax_n}"
+    ctx["summary"] = (f"{'TMA warp-specialized' if tma else 'cp.async'}, wgmma m64n{g['WN']}k16 "
+                      f"{p.block_m}x{p.block_n}x{p.block_k}, "
+                      f"warpgroups {g['WGM']}x{g['WGN']}, stages {p.stages}, "
+                      f"B {'MN' if ctx['kn'] else 'K'}-major, 128B swizzle")
+    return ctx
+
+
+def render_wgmma(plan: ContractionPlan, options: tuple[str, ...] = DEFAULT_OPTIONS,
+                 tma: bool = False) -> KernelSource:
+    """Render the wgmma contraction kernel of a plan (same KernelSource contract as render()).
+
+    tma=True: warp-specialized variant (one extra producer warpgroup issuing cp.async.bulk.tensor
+    on mbarriers, consumers with setmaxnreg). Its last argument is a device pointer to the two
+    128-byte tensor maps of encode_tensor_maps(); it needs tma_supported(plan, sizes)."""
+    if not isinstance(plan, ContractionPlan):
+        raise TypeError(f"render_wgmma needs a ContractionPlan, got {type(plan).__name__}")
+    check_plan(plan)
+    if not any("sm_90a" in o for o in options):
+        raise ValueError("wgmma needs the arch-specific target: --gpu-architecture=sm_90a")
+    ctx = _context(plan, tma)
+    if ctx["smem_bytes"] > SMEM_LIMIT:
+        raise ValueError(f"plan needs {ctx['smem_bytes']} bytes of shared memory > 227 KB "
+                         "(fewer stages or smaller tiles)")
+    src = _env.get_template("contraction_wgmma.cu.j2").render(**ctx)
+    src = re.sub(r"\n[ \t]*\n(?:[ \t]*\n)+", "\n\n", src)
+    return KernelSource(source=src, entry=ctx["kname"], arg_names=ctx["_arg_names"],
+                        threads=ctx["threads"], smem_bytes=ctx["smem_bytes"], options=tuple(options))
+
+
+def launch_config_wgmma(plan: ContractionPlan, sizes: dict[str, int], tma: bool = False
+                        ) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
+    """(grid, block, dynamic shared-memory bytes): grid as launch.launch_config, the wgmma
+    kernel's own shared-memory size (ring + 1024-byte alignment slack, >= epilogue staging);
+    tma adds the producer warpgroup (128 threads) and the mbarriers."""
+    grid = launch.grid_dims(plan, sizes)
+    g = _geometry(plan, tma)
+    return grid, (g["threads"], 1, 1), g["smem_bytes"]
+
+
+# ---------------------------------------------------------------- TMA tensor maps (host side)
+_TMA_DTYPE = {"f16": 6, "bf16": 9}  # CU_TENSOR_MAP_DATA_TYPE_FLOAT16 / _BFLOAT16
+_SWIZZLE_128B, _L2_PROMO_256B = 3, 3
+
+
+def tma_supported(plan: ContractionPlan, sizes: dict[str, int], ptrs: tuple[int, ...] = ()) -> bool:
+    """TMA needs 16-byte aligned base addresses and row strides (K, and N for B stored [K, N],
+    multiples of 8 elements); otherwise use the cp.async kernel (tma=False)."""
+    k, n = sizes[plan.k], sizes[plan.n]
+    return (k % 8 == 0 and (n % 8 == 0 or plan.b_transposed) and all(p % 16 == 0 for p in ptrs)
+            and k > 0 and sizes[plan.m] > 0 and n > 0)
+
+
+def _encode(lib, dtype: str, ptr: int, dims: list[int], box: list[int]) -> bytes:
+    import ctypes
+    rank = len(dims)
+    eb = DTYPE_BYTES[dtype]
+    strides, acc = [], eb
+    for d in dims[:-1]:
+        acc *= d
+        strides.append(acc)
+    raw = ctypes.create_string_buffer(128 + 64)
+    addr = (ctypes.addressof(raw) + 63) // 64 * 64
+    u64, u32 = ctypes.c_uint64, ctypes.c_uint32
+    st = lib.cuTensorMapEncodeTiled(
+        ctypes.c_void_p(addr), ctypes.c_int(_TMA_DTYPE[dtype]), u32(rank), ctypes.c_void_p(ptr),
+        (u64 * rank)(*dims), (u64 * max(1, rank - 1))(*strides), (u32 * rank)(*box),
+        (u32 * rank)(*([1] * rank)), ctypes.c_int(0), ctypes.c_int(_SWIZZLE_128B),
+        ctypes.c_int(_L2_PROMO_256B), ctypes.c_int(0))
+    if st != 0:
+        raise RuntimeError(f"cuTensorMapEncodeTiled failed ({st}): dims {dims} box {box}")
+    return ctypes.string_at(addr, 128)
+
+
+def encode_tensor_maps(plan: ContractionPlan, sizes: dict[str, int], a_ptr: int, b_ptr: int) -> bytes:
+    """The 256 bytes (map of A, map of B; 128 each) the tma kernel's last argument points to
+    (copy them to device memory, 64-byte aligned). Encoded through the driver
+    (libcuda cuTensorMapEncodeTiled, via ctypes): 128-byte swizzle, zero fill out of bounds."""
+    import ctypes
+    if not tma_supported(plan, sizes, (a_ptr, b_ptr)):
+        raise ValueError("sizes / pointers not 16-byte aligned: use the cp.async kernel")
+    lib = ctypes.CDLL("libcuda.so.1")
+    lib.cuTensorMapEncodeTiled.restype = ctypes.c_int
+    m, n, k = sizes[plan.m], sizes[plan.n], sizes[plan.k]
+    bat = [sizes[plan.batch[0]]] if plan.batch else []
+    one = [1] if plan.batch else []
+    a = _encode(lib, plan.a.dtype, a_ptr, [k, m] + bat, [64, plan.block_m] + one)
+    if plan.b_transposed:
+        b = _encode(lib, plan.b.dtype, b_ptr, [k, n] + bat, [64, plan.block_n] + one)
+    else:
+        b = _encode(lib, plan.b.dtype, b_ptr, [n, k] + bat, [64, plan.block_k] + one)
+    return a + b
