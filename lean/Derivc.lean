@@ -1,0 +1,13 @@
+import Derivc.Algebra
+import Derivc.Sum
+import Derivc.Rules.Split
+import Derivc.Rules.Assoc
+import Derivc.Rules.Mask
+import Derivc.Rules.Fuse
+import Derivc.Rules.Cache
+import Derivc.Rules.Reorder
+import Derivc.Rules.Tile
+import Derivc.Rules.Parallel
+import Derivc.Rules.SplitSoftmax
+import Derivc.Rules.OnlineAgg
+import Derivc.Rules.MapMma

@@ -1,0 +1,186 @@
+(* derivc proof library: what the compiler's per-step obligations (StepNN_<rule>.v)
+   need besides the rule theorems:
+   - `sel`, the guard form the exporter emits (an `if` on a bool index condition),
+   - `foldN`, the generic sequential fold the IR's Fold is exported to, and its link
+     to the library's onlineFoldW / onlineFoldG,
+   - `softmaxAtG`, the masked softmax (masked positions give 0), and the shift lemmas,
+   - pointwise congruence lemmas with bound hypotheses,
+   - `kalg_ring`: the commutative-ring structure of KAlg (for Coq's `ring`),
+   - the tactic `derivc_congr`, which closes goals `before = after` that agree up to
+     linear nat index arithmetic, guards decided by `lia`, in-bounds producer reads
+     (`gen_inline`) and commutative-ring identities.
+   Nothing here is assumed: every lemma is proved from the KAlg fields. *)
+From Coq Require Import Arith Lia Bool Ring.
+Require Import Derivc.Algebra Derivc.Sum Derivc.Rules.Fuse Derivc.Rules.Tile
+  Derivc.Rules.MapMma Derivc.Rules.SplitSoftmax Derivc.Rules.OnlineAgg.
+
+(* a generic sequential fold: step k is applied to the state after steps 0..k-1 *)
+Fixpoint foldN {S : Type} (step : nat -> S -> S) (s0 : S) (n : nat) : S :=
+  match n with
+  | O => s0
+  | Datatypes.S k => step k (foldN step s0 k)
+  end.
+
+Lemma foldN_ext {S : Type} : forall (f g : nat -> S -> S) (s0 s1 : S) (n m : nat),
+  n = m -> s0 = s1 -> (forall k s, k < n -> f k s = g k s) -> foldN f s0 n = foldN g s1 m.
+Proof.
+  intros f g s0 s1 n m Hnm Hs Hfg. subst m s1. induction n as [|n IH].
+  - reflexivity.
+  - simpl. rewrite IH by (intros k s Hk; apply Hfg; lia). apply Hfg. lia.
+Qed.
+
+(* iterations k in [K, n) that leave the state unchanged can be dropped *)
+Lemma foldN_trunc {S : Type} : forall (f : nat -> S -> S) (s0 : S) (n K : nat),
+  (forall k s, K <= k -> k < n -> f k s = s) -> K <= n -> foldN f s0 n = foldN f s0 K.
+Proof.
+  intros f s0 n K Hid HK. induction n as [|n IH].
+  - assert (K = 0) by lia. subst K. reflexivity.
+  - destruct (Nat.eq_dec K (Datatypes.S n)) as [E | E].
+    + subst K. reflexivity.
+    + simpl. rewrite Hid by lia. apply IH; [intros k s Hk1 Hk2; apply Hid; lia | lia].
+Qed.
+
+Section Tactics.
+Context {R : Type} `{KAlg R}.
+
+Definition sel (b : bool) (x y : R) : R := if b then x else y.
+
+Lemma sel_if : forall b x y, sel b x y = if b then x else y.
+Proof. reflexivity. Qed.
+
+Lemma sel_and : forall a b x y, sel (andb a b) x y = sel a (sel b x y) y.
+Proof. intros a b x y. destruct a; reflexivity. Qed.
+
+Lemma sumTo_ext_eq : forall n m (f g : nat -> R),
+  n = m -> (forall i, i < n -> f i = g i) -> sumTo n f = sumTo m g.
+Proof. intros n m f g E Hfg. subst m. apply sumTo_ext. exact Hfg. Qed.
+
+Lemma sumTo_ext_lt : forall n (f g : nat -> R),
+  (forall i, i < n -> f i = g i) -> sumTo n f = sumTo n g.
+Proof. exact sumTo_ext. Qed.
+
+Lemma maxTo_ext_eq : forall n m (f g : nat -> R),
+  n = m -> (forall i, i < n -> f i = g i) -> maxTo n f = maxTo m g.
+Proof. intros n m f g E Hfg. subst m. apply maxTo_ext. exact Hfg. Qed.
+
+Lemma mma16_ext : forall (f g : nat -> R), (forall k, k < 16 -> f k = g k) -> mma16 f = mma16 g.
+Proof.
+  intros f g Hfg. unfold mma16.
+  rewrite !Hfg by lia. reflexivity.
+Qed.
+
+Lemma max_ninf_r : forall a : R, max a ninf = a.
+Proof. intros a. rewrite max_comm. apply max_ninf. Qed.
+
+Lemma sub_diag : forall a : R, sub a a = zero.
+Proof. intros a. unfold sub. apply add_neg. Qed.
+
+Lemma onlineFoldW_foldN : forall (w : nat -> R -> R) (v : nat -> R) (t : nat)
+    (mnext : nat -> R -> R) (m0 : R) (T : nat),
+  onlineFoldW w v t mnext m0 T = foldN (onlineStepW w v t mnext) (mkOState m0 zero zero) T.
+Proof.
+  intros w v t mnext m0 T. induction T as [|T IH].
+  - reflexivity.
+  - simpl. rewrite IH. reflexivity.
+Qed.
+
+Lemma onlineFoldG_foldN : forall (g : nat -> bool) (s v : nat -> R) (t : nat)
+    (mnext : nat -> R -> R) (m0 : R) (T : nat),
+  onlineFoldG g s v t mnext m0 T
+  = foldN (onlineStepW (fun j m => if g j then exp (sub (s j) m) else zero) v t mnext)
+          (mkOState m0 zero zero) T.
+Proof. intros. unfold onlineFoldG. apply onlineFoldW_foldN. Qed.
+
+(* masked softmax: exp(s j) / sum of exp over the unmasked k; masked positions give 0 *)
+Definition softmaxAtG (g : nat -> bool) (n : nat) (s : nat -> R) (j : nat) : R :=
+  if g j then div (exp (s j)) (sumTo n (fun k => if g k then exp (s k) else zero)) else zero.
+
+(* the stabilising shift m is arbitrary (SPLIT-SOFTMAX, element-wise) *)
+Lemma softmaxAt_shift : forall (n : nat) (s : nat -> R) (j : nat) (m : R),
+  softmaxAt n s j = div (exp (sub (s j) m)) (sumTo n (fun k => exp (sub (s k) m))).
+Proof.
+  intros n s j m. unfold softmaxAt.
+  rewrite (sumTo_ext n (fun k => exp (sub (s k) m)) (fun k => mul (exp (s k)) (exp (neg m))))
+    by (intros k Hk; apply exp_sub).
+  rewrite sumTo_mul_r, exp_sub. symmetry. apply div_cancel_r. apply exp_ne_zero.
+Qed.
+
+Lemma softmaxAtG_shift : forall (g : nat -> bool) (n : nat) (s : nat -> R) (j : nat) (m : R),
+  softmaxAtG g n s j
+  = if g j then div (exp (sub (s j) m)) (sumTo n (fun k => if g k then exp (sub (s k) m) else zero))
+    else zero.
+Proof.
+  intros g n s j m. unfold softmaxAtG. destruct (g j); [|reflexivity].
+  rewrite (sumTo_ext n (fun k => if g k then exp (sub (s k) m) else zero)
+                       (fun k => mul (if g k then exp (s k) else zero) (exp (neg m))))
+    by (intros k Hk; apply cond_exp).
+  rewrite sumTo_mul_r, exp_sub. symmetry. apply div_cancel_r. apply exp_ne_zero.
+Qed.
+
+Lemma softmaxAtG_true : forall (n : nat) (s : nat -> R) (j : nat),
+  softmaxAtG (fun _ => true) n s j = softmaxAt n s j.
+Proof. reflexivity. Qed.
+
+(* KAlg is a commutative ring: obligations declare `Add Ring derivc_ring : (@kalg_ring R KA).` *)
+Lemma kalg_ring : ring_theory zero one add mul sub neg (@eq R).
+Proof.
+  constructor; intros; try reflexivity.
+  - apply add_0_l.
+  - apply add_comm.
+  - symmetry; apply add_assoc.
+  - apply mul_1_l.
+  - apply mul_comm.
+  - symmetry; apply mul_assoc.
+  - apply add_mul.
+  - apply add_neg.
+Qed.
+
+End Tactics.
+
+(* ------------------------------------------------------------------ tactics *)
+
+(* hypotheses H : A /\ B are split, so that lia sees the parts *)
+Ltac derivc_destruct_conj :=
+  repeat match goal with
+         | H : _ /\ _ |- _ => destruct H
+         | H : exists _, _ |- _ => destruct H
+         end.
+
+(* beta/zeta/iota and the exporter's small definitions *)
+Ltac derivc_red := cbv beta iota zeta delta [sel andb orb negb div onlineStepW].
+
+(* case on a closed guard (a bool index comparison that mentions no binder) *)
+Ltac derivc_split :=
+  match goal with
+  | |- context [Nat.ltb ?a ?b] => destruct (Nat.ltb_spec a b)
+  | |- context [Nat.leb ?a ?b] => destruct (Nat.leb_spec a b)
+  | |- context [Nat.eqb ?a ?b] => destruct (Nat.eqb_spec a b)
+  end.
+
+Ltac derivc_congr :=
+  derivc_red;
+  first
+  [ match goal with |- ?x = ?x => reflexivity end
+  | match goal with |- @eq nat _ _ => lia end
+  | derivc_split; derivc_red; first [ exfalso; lia | derivc_congr ]
+  | match goal with |- context [genAt ?n ?f ?i] => rewrite (gen_inline n f i) by lia end;
+    derivc_congr
+  | apply sumTo_ext_eq; [ lia | intros ? ?; derivc_congr ]
+  | apply maxTo_ext_eq; [ lia | intros ? ?; derivc_congr ]
+  | apply mma16_ext; intros ? ?; derivc_congr
+  | apply foldN_ext; [ lia | derivc_congr | intros ? ? ?; derivc_congr ]
+  | solve [ f_equal; derivc_congr ]
+  | ring ].
+
+(* a proposition over index arithmetic: bounds, guards, store-index equalities *)
+Ltac derivc_props :=
+  intros; derivc_destruct_conj; repeat split; lia.
+
+(* a state-preserving masked iteration of a fold (MASK on an online-aggregation fold) *)
+Ltac derivc_kill_masked :=
+  derivc_red;
+  repeat first
+    [ rewrite sumTo_zero_ext by (intros; derivc_red; repeat (derivc_split; derivc_red; try (exfalso; lia)); reflexivity)
+    | rewrite maxTo_ninf_ext by (intros; derivc_red; repeat (derivc_split; derivc_red; try (exfalso; lia)); reflexivity) ];
+  rewrite ?max_ninf_r, ?sub_diag, ?exp_zero, ?mul_one, ?add_zero;
+  reflexivity.
