@@ -112,6 +112,11 @@ class _Lowering:
             conds = tuple(self.cond(c, bound, where) for c in e.conds)
             return Select(conds, self.expr(e.then, st, extents, where, bound), self.expr(e.other, st, extents, where, bound))
         if isinstance(e, PReduce):
+            if e.op == "softmax" and e.var not in st.idx:
+                raise SpecError(
+                    where,
+                    f"softmax over index {e.var}, but {st.tensor}[{', '.join(st.idx)}] has no index {e.var}",
+                )
             if e.var not in extents:
                 raise SpecError(where, f"reduction index {e.var} does not index any tensor")
             ext = Ext.of(extents[e.var])

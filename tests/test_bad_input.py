@@ -2,6 +2,8 @@
 naming the file and the field or step, and no output directory left behind."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from derivc_testing import GEMM, assert_fails, gemm_yaml, spec_yaml
 
@@ -156,3 +158,57 @@ def test_gemm_constant_is_unchanged():
     # the shared spec dict must not be mutated by the helpers
     gemm_yaml([{"rule": "x"}], name="other")
     assert GEMM["name"] == "gemm" and "schedule" not in GEMM
+
+
+# --------------------------------------------------------------------------- rule preconditions at the CLI
+# Each violated precondition is exit 3 with one line naming the file, the step, the rule, the reason.
+
+FA_YAML = (Path(__file__).resolve().parents[1] / "examples" / "flash_attention.yaml").read_text()
+
+
+def _fa_with(schedule: list[dict]) -> str:
+    import yaml as _yaml
+
+    doc = _yaml.safe_load(FA_YAML)
+    doc["schedule"] = schedule
+    return _yaml.safe_dump(doc, sort_keys=False)
+
+
+def test_cli_tile_that_does_not_divide_without_guard():
+    sched = [{"rule": "tile", "def": "C", "index": "i", "size": 16, "guard": False}]
+    assert_fails(gemm_yaml(sched), 3, "step 1", "(tile)", "needs a guard", "dynamic")
+
+
+def test_cli_illegal_reorder_across_fold():
+    doc = __import__("yaml").safe_load(FA_YAML)
+    prefix = doc["schedule"][:6]  # up to online_agg
+    sched = prefix + [{"rule": "reorder", "def": "O", "outer": "jo", "inner": "ji_max"}]
+    assert_fails(_fa_with(sched), 3, "step 7", "(reorder)", "fold carrying state", "in order")
+
+
+def test_cli_fuse_across_mismatched_tilings():
+    sched = [{"rule": "tile", "def": "S", "index": "j", "size": 32}, {"rule": "split_softmax", "def": "P"},
+             {"rule": "fuse", "producer": "S"}]
+    assert_fails(_fa_with(sched), 3, "step 3", "(fuse)", "mismatched tilings")
+
+
+def test_cli_online_agg_with_mismatched_tiles():
+    doc = __import__("yaml").safe_load(FA_YAML)
+    sched = doc["schedule"][:4] + [{"rule": "tile", "def": "L", "index": "j_", "size": 32},
+                                   {"rule": "online_agg", "def": "O", "index": "jo"}]
+    assert_fails(_fa_with(sched), 3, "step 6", "(online_agg)", "mismatched tilings")
+
+
+def test_cli_softmax_over_index_the_tensor_lacks():
+    doc = __import__("yaml").safe_load(FA_YAML)
+    doc["statements"][1] = "P[b, h, i, j] = softmax(e: S[b, h, i, j])"
+    doc["schedule"] = []
+    text = __import__("yaml").safe_dump(doc, sort_keys=False)
+    assert_fails(text, 2, "statements[1]", "softmax", "index")
+
+
+def test_cli_map_mma_on_f32_operands():
+    sched = [{"rule": "tile", "def": "C", "index": "k", "size": 16},
+             {"rule": "map_mma", "def": "C", "index": "ki", "instr": "mma_sync"}]
+    text = gemm_yaml(sched, inputs={"A": {"shape": ["M", "K"], "dtype": "f32"}, "B": {"shape": ["K", "N"], "dtype": "f32"}})
+    assert_fails(text, 3, "step 2", "(map_mma)")
