@@ -78,10 +78,25 @@ def test_tile_size_in_yaml_decides_the_kernel(builds, tmp_path):
     assert (base / "kernel.cu").read_text() != (changed / "kernel.cu").read_text()
 
 
+def test_spilling_schedule_is_refused(tmp_path):
+    """4 warps for 128 query rows at d=128 would spill: the build fails on the SASS promise."""
+    if not nvrtc_available():
+        pytest.skip("NVRTC not installed")
+    from compiler.cli import BuildError
+
+    path = _with("flash_attention.yaml", "index: ii, to: warp, count: 8}", "index: ii, to: warp, count: 4}", tmp_path)
+    with pytest.raises(BuildError, match="local memory"):
+        build_to(path, tmp_path / "out", seed=0)
+    assert not (tmp_path / "out").exists()
+
+
 def test_staging_and_warps_in_yaml_decide_the_kernel(builds, tmp_path):
     base = builds(ROOT / "examples" / "flash_attention.yaml")
-    fewer = builds(_with("flash_attention.yaml", "{rule: parallel, def: O, index: ii, to: warp, count: 8}",
-                         "{rule: parallel, def: O, index: ii, to: warp, count: 4}", tmp_path))
+    text = (ROOT / "examples" / "flash_attention.yaml").read_text()
+    text = text.replace("{rule: tile, def: O, index: i, size: 128}", "{rule: tile, def: O, index: i, size: 64}")
+    text = text.replace("index: ii, to: warp, count: 8}", "index: ii, to: warp, count: 4}")
+    (tmp_path / "fewer_warps.yaml").write_text(text)
+    fewer = builds(tmp_path / "fewer_warps.yaml")
     p0, p1 = (json.loads((d / "plan.json").read_text()) for d in (base, fewer))
     assert (p0["warps"], p1["warps"]) == (8, 4)
     assert "__launch_bounds__(256" in (base / "kernel.cu").read_text()
