@@ -158,6 +158,21 @@ def _contraction_ctx(p: ContractionPlan) -> dict:
     ctx["a_aligned"] = "a_rows_aligned" if (ctx["stage_a"] and a_contig_guard) else None
     ctx["b_aligned"] = "b_rows_aligned" if (ctx["stage_b"] and b_contig_guard) else None
     ctx["c_vec_ok"] = f"(({ctx['N']} & 1) == 0)" if (p.guard_n and p.n in p.dynamic) else None
+    # Interior blocks run the unguarded code: `full_cond` says a block's staged tiles lie inside
+    # m / n with 16-byte rows, so its k-tiles below K / BK load without guards (peel: the
+    # pipelined main loop is split into an unguarded loop and a guarded one for the rest);
+    # `store_full` selects the unguarded epilogue.  The plan's guard flags keep their meaning.
+    m_in, n_in = f"m0 + {p.block_m} <= {ctx['M']}", f"n0 + {p.block_n} <= {ctx['N']}"
+    full = []
+    if ctx["stage_a"]:
+        full += ([m_in] if p.guard_m else []) + ([ctx["a_aligned"]] if ctx["a_aligned"] else [])
+    if ctx["stage_b"]:
+        full += ([n_in] if p.guard_n else []) + ([ctx["b_aligned"]] if ctx["b_aligned"] else [])
+    ctx["peel"] = (ctx["stage_a"] or ctx["stage_b"]) and bool(full or p.guard_k)
+    ctx["full_cond"] = " && ".join(f"({c})" for c in full) if full else "true"
+    store = ([m_in] if p.guard_m else []) + ([n_in] if p.guard_n else []) + \
+        ([ctx["c_vec_ok"]] if ctx["c_vec_ok"] else [])
+    ctx["store_full"] = " && ".join(f"({c})" for c in store) if store else None
     lay = launch.smem_layout(p)
     ctx["smem_bytes"] = lay["total"]
     # two CTAs per SM when the estimated registers and the shared memory allow it
