@@ -2,7 +2,7 @@
 dynamic shared-memory layout (shared by render.py so the kernel and its launch agree)."""
 from __future__ import annotations
 
-from codegen.plan import (DTYPE_BYTES, AttentionPlan, ContractionPlan, Plan, size_names,
+from codegen.plan import (DTYPE_BYTES, ContractionPlan, Plan, size_names,
                           threads)
 
 _AXIS_INDEX = {"x": 0, "y": 1, "z": 2}

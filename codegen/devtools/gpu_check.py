@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 from codegen.devtools import plans  # noqa: E402
 from codegen.plan import AttentionPlan, ContractionPlan  # noqa: E402
 from codegen.render import render  # noqa: E402
-from codegen.runtime import compile_nvcc  # noqa: E402
+from codegen.devtools.nvcc import compile_nvcc  # noqa: E402
 
 OUT = Path(os.environ.get("OUT", "/tmp/derivc_out"))
 OUT.mkdir(parents=True, exist_ok=True)

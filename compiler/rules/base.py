@@ -147,7 +147,7 @@ def guarded(conds: tuple, body: Expr, neutral: Expr) -> Expr:
 
 def freshen_binders(e: Expr, taken: set[str]) -> Expr:
     """e with every index it binds renamed to a name not in `taken` (taken is extended)."""
-    from ..ir import Aff, Binding, Fold, Let, Reduce, Softmax, subst_index
+    from ..ir import Aff, Fold, Let, Reduce, Softmax, subst_index
 
     def new_name(v: str) -> str:
         from ..ir import fresh
@@ -179,7 +179,7 @@ def alpha_normal(e: Expr) -> Expr:
     counter = [0]
 
     def go(x: Expr) -> Expr:
-        from ..ir import Aff, Reduce, Softmax, subst_index
+        from ..ir import Reduce, Softmax
 
         if isinstance(x, (Reduce, Softmax)):
             v = f"_b{counter[0]}"

@@ -30,7 +30,7 @@ from dataclasses import replace
 from pydantic import Field
 
 from ..ir import (
-    Aff, Bin, Binding, Const, Expr, Ext, Fold, Program, Read, Reduce, Select, Un, fresh,
+    Aff, Bin, Binding, Const, Expr, Fold, Program, Read, Reduce, Select, Un, fresh,
     names_in_program, subst_index, tensors_read,
 )
 from . import register

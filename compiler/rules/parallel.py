@@ -18,7 +18,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from ..ir import Def, Loop, Mapping, Program
+from ..ir import Def, Mapping, Program
 from . import register
 from .base import Facts, Rule, StepParams, const_extent, find_binder
 

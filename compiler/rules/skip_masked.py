@@ -20,7 +20,7 @@ from dataclasses import replace
 
 from pydantic import Field
 
-from ..ir import Aff, Binding, Cond, Const, Expr, Ext, Fold, Program, Reduce, Select, walk
+from ..ir import Aff, Cond, Const, Expr, Ext, Fold, Program, Reduce, Select, walk
 from . import register
 from .base import Facts, Rule, StepParams, const_extent, find_binder, replace_node
 

@@ -19,7 +19,7 @@ from dataclasses import replace
 
 from pydantic import Field
 
-from ..ir import Aff, Cond, Const, Ext, Loop, Program, Reduce, Select, names_in_program, fresh, subst_index
+from ..ir import Aff, Cond, Const, Ext, Loop, Program, Reduce, names_in_program, fresh, subst_index
 from . import register
 from .base import Facts, Rule, StepParams, const_extent, find_binder, guarded, replace_node
 
