@@ -73,7 +73,7 @@ def main(args: argparse.Namespace) -> int:
         build_dir = Path(tmp) / "build"
         from compiler.cli import build_to
 
-        d = build_to(Path(args.file), build_dir)
+        d = build_to(Path(args.file), build_dir, proofs=False)
         kernel = derivc.load(build_dir)
         sizes = dict(d.check_sizes)
         sizes.update(parse_sizes(getattr(args, "sizes", None)))

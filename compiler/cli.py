@@ -126,7 +126,7 @@ def _optional(module: str) -> Any | None:
         raise
 
 
-def write_outputs(derivation: Any, outdir: Path, *, codegen: bool = True) -> None:
+def write_outputs(derivation: Any, outdir: Path, *, codegen: bool = True, proofs: bool = True) -> None:
     """Write every build output into `outdir` (an existing, empty directory)."""
     from .printer import show_program
     from .report import write_report
@@ -143,7 +143,7 @@ def write_outputs(derivation: Any, outdir: Path, *, codegen: bool = True) -> Non
     (outdir / "report.md").write_text(write_report(d))
     (outdir / "program.txt").write_text(show_program(d.final))
 
-    obligations = _optional("compiler.obligations")
+    obligations = _optional("compiler.obligations") if proofs else None
     if obligations is not None and hasattr(obligations, "write_obligations"):
         try:
             obligations.write_obligations(d, outdir / "proofs")
@@ -213,7 +213,8 @@ def atomic_dir(outdir: Path, fill: Callable[[Path], None]) -> None:
         raise
 
 
-def build_to(file: Path, outdir: Path, *, seed: int | None = None, codegen: bool = True) -> Any:
+def build_to(file: Path, outdir: Path, *, seed: int | None = None, codegen: bool = True,
+             proofs: bool = True) -> Any:
     """Derive `file` and write the build directory atomically; returns the Derivation."""
     from .derive import derive
     from .spec import load_spec_file
@@ -227,12 +228,13 @@ def build_to(file: Path, outdir: Path, *, seed: int | None = None, codegen: bool
         verify_roundtrip(d)
     except AssertionError as exc:
         raise DerivationError("trace", f"the derivation does not replay: {exc}", None, str(file)) from None
-    atomic_dir(outdir, lambda tmp: write_outputs(d, tmp, codegen=codegen))
+    atomic_dir(outdir, lambda tmp: write_outputs(d, tmp, codegen=codegen, proofs=proofs))
     return d
 
 
 def cmd_build(args: argparse.Namespace, out: Out) -> int:
-    d = build_to(Path(args.file), Path(args.output), seed=args.seed, codegen=not args.no_codegen)
+    d = build_to(Path(args.file), Path(args.output), seed=args.seed, codegen=not args.no_codegen,
+                 proofs=not args.no_proofs)
     spec = d.spec
     rows = [
         [str(s.index), s.rule, s.kind, s.theorem, f"{s.numeric['rel_error']:.1e}" if s.numeric else "-"]
@@ -320,6 +322,7 @@ def make_parser() -> argparse.ArgumentParser:
     b.add_argument("-o", "--output", required=True, metavar="DIR", help="output directory (replaced atomically)")
     b.add_argument("--seed", type=int, default=None, help="base seed of the numeric checks (step k: seed + k)")
     b.add_argument("--no-codegen", action="store_true", help="skip kernel generation")
+    b.add_argument("--no-proofs", action="store_true", help="skip the per-step proof obligations")
     b.set_defaults(func=cmd_build, extras_ok=False)
 
     e = sub.add_parser("explain", help="print every step, its facts and the program after it")

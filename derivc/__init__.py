@@ -45,11 +45,14 @@ class Kernel:
 
 
 def build(path: str | Path, out_dir: str | Path | None = None, *, seed: int | None = None) -> Kernel:
-    """Derive `path` (checking every step), emit and compile its kernel, and load it."""
+    """Derive `path` (checking every step), emit and compile its kernel, and load it.
+
+    Proof obligations are not written here; `derivc build` writes and `derivc verify` checks them.
+    """
     from compiler.cli import build_to
 
     target = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="derivc-")) / "build"
-    build_to(Path(path), target, seed=seed)
+    build_to(Path(path), target, seed=seed, proofs=False)
     return Kernel(target)
 
 
