@@ -18,4 +18,5 @@ if [[ $part == all || $part == sanitize ]]; then
     timeout 60 compute-sanitizer --tool $tool --error-exitcode 9 python3 -m compiler run examples/gemm.yaml --check --sizes M=200,N=300,K=100 2>&1 | tail -4
     timeout 60 compute-sanitizer --tool $tool --error-exitcode 9 python3 -m compiler run examples/flash_attention.yaml --check --sizes B=1,H=2,N=200 2>&1 | tail -4
   done 2>&1 | tee "$OUT/sanitizer.log"
+  timeout 90 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m compiler run examples/gemm_wgmma.yaml --check --sizes M=256,N=512,K=256 2>&1 | tail -4 | tee -a "$OUT/sanitizer.log"
 fi
