@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .lower import LoweringError, lower_to_plan
+from .lower import LoweringError, UnsupportedMapping, lower_to_plan
 from .plan import AttentionPlan, ContractionPlan, Plan, inputs
 
 
@@ -59,6 +59,8 @@ def emit(derivation: Any, outdir: Path) -> dict[str, Any]:
     outdir = Path(outdir)
     try:
         plan = lower_to_plan(derivation.final, derivation.spec.name)
+    except UnsupportedMapping as exc:
+        raise CodegenError(str(exc)) from None
     except LoweringError as exc:
         (outdir / "codegen.txt").write_text(f"no CUDA kernel: {exc}\n")
         return {"kernel": None, "reason": str(exc)}

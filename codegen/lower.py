@@ -24,6 +24,10 @@ class LoweringError(Exception):
     """The final program has no CUDA lowering (shape not recognised or facts missing)."""
 
 
+class UnsupportedMapping(LoweringError):
+    """The program has a lowering, but not with the hardware mapping its schedule asked for."""
+
+
 def _strip_lets(e: Expr) -> tuple[Expr, list[Binding]]:
     binds: list[Binding] = []
     while isinstance(e, Let):
@@ -229,7 +233,9 @@ def _lower_attention(prog: Program, d: Def, fold: Fold, kname: str) -> Attention
     qk_mma = s_expr.mma.instr if s_expr.mma else None
     pv_mma = pv[0].mma.instr if pv[0].mma else None
     if qk_mma != pv_mma:
-        raise LoweringError("map both products (QKᵀ and P·V) to the same instruction, or neither")
+        raise UnsupportedMapping("map both products (QKᵀ and P·V) to the same instruction, or neither")
+    if qk_mma == "wgmma":
+        raise UnsupportedMapping("the attention kernels have no wgmma mapping yet; use instr: mma_sync")
     p_read = pv_prod.a
     p_in_regs = isinstance(p_read, Read) and p_read.tensor in binds and binds[p_read.tensor].level == "register"
     warps = _warp_counts(d)

@@ -113,3 +113,14 @@ def test_uncached_operand_reads_global_memory(tmp_path):
     build_to(path, out, seed=0)
     plan = json.loads((out / "plan.json").read_text())
     assert plan["a"]["level"] == "shared" and plan["b"]["level"] == "global"
+
+
+def test_wgmma_on_attention_is_refused_clearly(tmp_path):
+    from compiler.cli import BuildError
+
+    path = _with("flash_attention_noncausal.yaml", "index: e, instr: mma_sync}", "index: e, instr: wgmma}", tmp_path)
+    text = path.read_text().replace("index: ji, instr: mma_sync, m: ii}", "index: ji, instr: wgmma, m: ii}")
+    path.write_text(text)
+    with pytest.raises((BuildError, Exception), match="no wgmma mapping"):
+        build_to(path, tmp_path / "out", seed=0, proofs=False)
+    assert not (tmp_path / "out").exists()
