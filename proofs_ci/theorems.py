@@ -351,6 +351,25 @@ def coq_assumption_errors(root: Path | str | None = None) -> list[str]:
     return errors
 
 
+def compiler_rule_errors(root: Path) -> list[str]:
+    """Every rule registered in compiler/ names theorems that exist in both libraries."""
+    sys.path.insert(0, str(root))
+    try:
+        from compiler.rules import RULES
+    except ImportError as exc:  # the compiler cannot be imported: say so, it is a real problem
+        return [f"cannot import compiler.rules: {exc}"]
+    finally:
+        sys.path.pop(0)
+    lean, coq = lean_theorems(root), coq_theorems(root)
+    errors = []
+    for name, rule in sorted(RULES.items()):
+        for thm in (rule.theorem, *getattr(rule, "also", ())):
+            missing = [lib for lib, names in (("lean/", lean), ("proofs_ci/coq/", coq)) if thm not in names]
+            if missing:
+                errors.append(f"rule {name} cites {thm}, missing from {' and '.join(missing)}")
+    return errors
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m proofs_ci.theorems", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -360,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     root = Path(args.root) if args.root else repo_root()
     lean, coq = lean_theorems(root), coq_theorems(root)
-    errors = check_same(lean, coq) + rule_file_errors(root) + integrity_errors(root)
+    errors = (check_same(lean, coq) + rule_file_errors(root) + integrity_errors(root)
+              + compiler_rule_errors(root))
     if args.coq:
         errors += coq_assumption_errors(root)
     for e in errors:

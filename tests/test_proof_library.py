@@ -171,3 +171,17 @@ def test_admitted_compiles_but_integrity_fails(tmp_path):
     split.write_text(split.read_text().replace("Proof. exact sumTo_app. Qed.", "Proof. Admitted."))
     coqlib.build_library(root / "proofs_ci" / "coq")
     assert any("Admitted" in e for e in th.integrity_errors(root))
+
+
+def test_every_compiler_rule_cites_theorems_in_both_libraries():
+    from proofs_ci.theorems import compiler_rule_errors, repo_root
+
+    assert compiler_rule_errors(repo_root()) == []
+
+
+def test_a_rule_citing_a_missing_theorem_is_reported(monkeypatch):
+    from compiler.rules import RULES
+    from proofs_ci.theorems import compiler_rule_errors, repo_root
+
+    monkeypatch.setattr(type(RULES["split"]), "theorem", "sumTo_split_typo")
+    assert any("sumTo_split_typo" in e for e in compiler_rule_errors(repo_root()))

@@ -32,6 +32,7 @@ class Rule:
     name: ClassVar[str]
     kind: ClassVar[str]
     theorem: ClassVar[str]
+    also: ClassVar[tuple[str, ...]] = ()  # further theorems a step of this rule may cite
     Params: ClassVar[type[StepParams]]
 
     def parse_params(self, raw: dict[str, Any]) -> StepParams:

@@ -69,6 +69,7 @@ class Cache(Rule):
     name = "cache"
     kind = "CACHE"
     theorem = "cache_read"
+    also = ("cache_read2",)
     Params = CacheParams
 
     def check(self, prog: Program, p: CacheParams) -> Facts:

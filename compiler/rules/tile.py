@@ -37,6 +37,7 @@ class Tile(Rule):
     name = "tile"
     kind = "TILE"
     theorem = "sumTo_tile_guard"
+    also = ("maxTo_tile_guard", "gen_tile", "tile_cover", "tile_inj")
     Params = TileParams
 
     def check(self, prog: Program, p: TileParams) -> Facts:
