@@ -11,3 +11,4 @@ import Derivc.Rules.Parallel
 import Derivc.Rules.SplitSoftmax
 import Derivc.Rules.OnlineAgg
 import Derivc.Rules.MapMma
+import Derivc.Tactics

@@ -40,6 +40,17 @@ Proof.
     + simpl. rewrite Hid by lia. apply IH; [intros k s Hk1 Hk2; apply Hid; lia | lia].
 Qed.
 
+Lemma foldN_trunc_eq {S : Type} : forall (f g : nat -> S -> S) (s0 s1 : S) (n K : nat),
+  (forall k s, K <= k -> k < n -> f k s = s) -> K <= n -> s0 = s1 ->
+  (forall k s, k < K -> f k s = g k s) -> foldN f s0 n = foldN g s1 K.
+Proof.
+  intros f g s0 s1 n K Hid HK Hs Hfg. rewrite (foldN_trunc f s0 n K Hid HK).
+  apply foldN_ext; [reflexivity | exact Hs | exact Hfg].
+Qed.
+
+Lemma app_cong {A B : Type} : forall (f g : A -> B) (a b : A), f = g -> a = b -> f a = g b.
+Proof. intros f g a b Hfg Hab. subst g b. reflexivity. Qed.
+
 Section Tactics.
 Context {R : Type} `{KAlg R}.
 
@@ -157,6 +168,23 @@ Ltac derivc_split :=
   | |- context [Nat.eqb ?a ?b] => destruct (Nat.eqb_spec a b)
   end.
 
+(* masked iterations of a fold leave the online-aggregation state unchanged *)
+Ltac derivc_kill_masked :=
+  derivc_red;
+  repeat first
+    [ rewrite sumTo_zero_ext by (intros; derivc_red; repeat (derivc_split; derivc_red; try (exfalso; lia)); reflexivity)
+    | rewrite maxTo_ninf_ext by (intros; derivc_red; repeat (derivc_split; derivc_red; try (exfalso; lia)); reflexivity) ];
+  rewrite ?max_ninf_r, ?sub_diag, ?exp_zero, ?mul_one, ?add_zero;
+  reflexivity.
+
+Ltac derivc_ring :=
+  lazymatch goal with
+  | |- @eq nat _ _ => fail
+  | |- @eq (OState _) _ _ => fail
+  | |- @eq (_ -> _) _ _ => fail
+  | |- _ => ring
+  end.
+
 Ltac derivc_congr :=
   derivc_red;
   first
@@ -168,19 +196,18 @@ Ltac derivc_congr :=
   | apply sumTo_ext_eq; [ lia | intros ? ?; derivc_congr ]
   | apply maxTo_ext_eq; [ lia | intros ? ?; derivc_congr ]
   | apply mma16_ext; intros ? ?; derivc_congr
-  | apply foldN_ext; [ lia | derivc_congr | intros ? ? ?; derivc_congr ]
-  | solve [ f_equal; derivc_congr ]
-  | ring ].
+  | match goal with |- foldN _ _ _ = foldN _ _ _ => idtac end;
+    first
+    [ apply foldN_ext; [ lia | derivc_congr | intros ? ? ?; derivc_congr ]
+    | apply foldN_trunc_eq;
+      [ let s := fresh "s" in
+        intros ? s ? ?; destruct s; cbn [st_m st_l st_acc]; derivc_kill_masked
+      | lia
+      | derivc_congr
+      | intros ? ? ?; derivc_congr ] ]
+  | match goal with |- ?f ?a = ?g ?b => apply (app_cong f g a b); derivc_congr end
+  | derivc_ring ].
 
 (* a proposition over index arithmetic: bounds, guards, store-index equalities *)
 Ltac derivc_props :=
   intros; derivc_destruct_conj; repeat split; lia.
-
-(* a state-preserving masked iteration of a fold (MASK on an online-aggregation fold) *)
-Ltac derivc_kill_masked :=
-  derivc_red;
-  repeat first
-    [ rewrite sumTo_zero_ext by (intros; derivc_red; repeat (derivc_split; derivc_red; try (exfalso; lia)); reflexivity)
-    | rewrite maxTo_ninf_ext by (intros; derivc_red; repeat (derivc_split; derivc_red; try (exfalso; lia)); reflexivity) ];
-  rewrite ?max_ninf_r, ?sub_diag, ?exp_zero, ?mul_one, ?add_zero;
-  reflexivity.

@@ -1,0 +1,655 @@
+"""Per-step proof obligations: BUILD/proofs/StepNN_<rule>.v (Coq, checked by `derivc verify`)
+and StepNN_<rule>.lean (Lean 4, not checkable here), plus index.json.
+
+An obligation states the step's LOCAL rewrite as an equality of terms of the semantics
+(proofs_ci/coq): the rewritten site as it is in IRₖ₋₁ (`before`) and the node at the same place
+in IRₖ (`after`), both exported from the actual IR by compiler/obligations_terms.py, universally
+quantified over everything free in them, with bound hypotheses `v < extent` for the enclosing
+loops/reductions, the definition's store guard and enclosing select conditions.  The proof
+applies the rule's theorem to `before` and closes the rest with `derivc_congr`
+(proofs_ci/coq/Tactics.v), which only accepts agreement up to linear index arithmetic, guards
+decided by lia, in-bounds producer reads and commutative-ring identities.  The after-term is
+never produced by instantiating the lemma, so a wrong rewrite makes coqc fail.
+
+Rule by rule (what is stated):
+  TILE (reduction)  site: sum/max over k  =  tiled form          sumTo_tile_guard / maxTo_tile_guard
+  TILE (loop)       every write of the tiled nest is a write of the untiled one (same value,
+                    in range) and every element of the untiled nest is written  gen_tile, tile_cover
+  REORDER (sums)    sumTo_swap;  (loops) same iteration set, same store/value at every point,
+                    and the store is injective on the nest (writes commute)
+  SPLIT             sumTo_split (maxTo_app for max)
+  FUSE / UNFUSE     consumer with producer reads as generated tensors (genAt) = inlined body  gen_inline
+  CACHE             site with the staged buffer = site reading the source (accumulator: unchanged value)
+  PARALLEL          same nest/store/value, and the store index is injective over the loop nest
+  ASSOC             sumTo_factor (division is mul/inv)
+  SPLIT-SOFTMAX     one element of the (masked) softmax = exp(s - M) / L with L inlined, any M
+  ONLINE-AGG        the quotient of tiled sums (L inlined) = the IR's fold, via online_agg_guard
+  MASK              the truncated fold/reduction: skipped iterations leave the state unchanged
+                    (sumTo_guard_trunc / foldN_trunc)
+  MAP-MMA           the sum = its mma16 grouping (the meaning of the mma fact)  mma_tile
+"""
+from __future__ import annotations
+
+import json
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .ir import (
+    Aff, Bin, Const, Def, Expr, Fold, Let, Program, Read, Reduce, Select, Softmax, Un, children,
+)
+from .obligations_terms import (
+    A, ExportError, Exporter, Lam, N, Term, V, coq_type, conj, render,
+)
+
+COQ_HEADER = """From Coq Require Import Arith Lia Bool Ring.
+Require Import Derivc.All.
+"""
+
+
+@dataclass
+class Thm:
+    name: str
+    binders: list[tuple[str, Any]]  # (name, 'nat' | arity)
+    hyps: list[Term]
+    concl: Term
+    proof: str
+    lean_proof: str = "by\n  intros\n  derivc_congr"
+
+
+@dataclass
+class Obligation:
+    step: int
+    rule: str
+    kind: str
+    theorem: str
+    thms: list[Thm] = field(default_factory=list)
+    status: str = "full"  # full | partial | not generated
+    checked: str = ""
+    unchecked: str = ""
+    before: str = ""
+    after: str = ""
+    notes: list[str] = field(default_factory=list)
+    consts: dict[str, str] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _find_path(e: Expr, target: Expr) -> list[int] | None:
+    if e is target:
+        return []
+    for k, c in enumerate(children(e)):
+        p = _find_path(c, target)
+        if p is not None:
+            return [k] + p
+    return None
+
+
+def _at_path(e: Expr, path: list[int]) -> Expr:
+    for k in path:
+        e = children(e)[k]
+    return e
+
+
+def _path_hyps(ex: Exporter, root: Expr, path: list[int]) -> list[Term]:
+    """Bounds of the binders enclosing the node at `path`, and enclosing select conditions."""
+    hyps: list[Term] = []
+    e = root
+    for k in path:
+        if isinstance(e, (Reduce, Softmax)):
+            hyps.append(("lt", ex.idx_var(e.var, {}), ex.ext(e.ext, {})))
+        elif isinstance(e, Select) and k == 0:
+            hyps += [ex.cond_prop(c, {}) for c in e.conds]
+        elif isinstance(e, Let) and k == 0:
+            hyps += [("lt", ex.idx_var(v, {}), ex.ext(x, {})) for v, x in e.bind.dims]
+        elif isinstance(e, Fold):
+            ns = len(e.state)
+            nb = len(e.binds)
+            if ns <= k < ns + nb + ns:
+                hyps.append(("lt", ex.idx_var(e.var, {}), ex.ext(e.ext, {})))
+            if ns <= k < ns + nb:
+                hyps += [("lt", ex.idx_var(v, {}), ex.ext(x, {})) for v, x in e.binds[k - ns].dims]
+        e = children(e)[k]
+    return hyps
+
+
+def _def_hyps(ex: Exporter, d: Def, env: dict | None = None) -> list[Term]:
+    env = env or {}
+    hyps = [("lt", ex.idx_var(lp.var, env), ex.ext(lp.ext, env)) for lp in d.loops]
+    hyps += [ex.cond_prop(c, env) for c in d.guard]
+    return hyps
+
+
+def _binders(ex: Exporter, exclude: set[str] = frozenset()) -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = [(n, "nat") for n in ex.nat_vars if n not in exclude]
+    out += [(n, a) for n, a in sorted(ex.tensors.items())]
+    out += [(n, a) for n, a in sorted(ex.bufs.items())]
+    out += [(n, 0) for n in ex.consts]
+    return out
+
+
+def _def_pair(before: Program, after: Program, name: str) -> tuple[Def, Def]:
+    return before.def_named(name), after.def_named(name)
+
+
+def _exporter(before: Program, after: Program, inline: dict[str, Def] | None = None) -> Exporter:
+    ex = Exporter(after, inline=dict(inline or {}))
+    ex.extra_tensors = {n for n, _ in before.inputs} | {d.name for d in before.defs}
+    return ex
+
+
+def _lam_of(t: Term) -> Term:
+    """The function argument of sumTo/maxTo n f."""
+    assert t[0] == "app" and t[1] in ("sumTo", "maxTo"), t
+    return t[2][1]
+
+
+def _c(t: Term) -> str:
+    return render(t, "coq")
+
+
+# --------------------------------------------------------------------------- site obligations
+
+
+def _site(rec, before: Program, after: Program, def_name: str, site: Expr,
+          inline_before: dict[str, Def] | None = None) -> tuple[Exporter, Term, Term, list[Term]]:
+    """(exporter, before term, after term, hypotheses) for a rewrite of `site` in `def_name`."""
+    bd, ad = _def_pair(before, after, def_name)
+    path = _find_path(bd.body, site)
+    if path is None:
+        raise ExportError(f"the site of step {rec.index} is not in {def_name}'s body")
+    ex = _exporter(before, after, inline_before)
+    hyps = _def_hyps(ex, bd) + _path_hyps(ex, bd.body, path)
+    b = ex.expr(site, {})
+    a_node = _at_path(ad.body, path)
+    a = ex.expr(a_node, {})
+    return ex, b, a, hyps
+
+
+def _eq_thm(name: str, ex: Exporter, b: Term, a: Term, hyps: list[Term], proof: str) -> Thm:
+    return Thm(name, _binders(ex), hyps, ("eq", b, a), proof)
+
+
+def _ob(rec, theorem: str, **kw) -> Obligation:
+    return Obligation(rec.index, rec.rule, rec.kind, theorem, **kw)
+
+
+def _thm_name(rec, suffix: str = "") -> str:
+    return f"step{rec.index:02d}_{rec.kind.replace('-', '_')}{suffix}"
+
+
+# --------------------------------------------------------------------------- rules
+
+
+def ob_tile(rec, before: Program, after: Program) -> Obligation:
+    p, f = rec.parsed, rec.raw_facts
+    if f["target"] == "loop":
+        return ob_tile_loop(rec, before, after)
+    site: Reduce = f["site"]
+    ex, b, a, hyps = _site(rec, before, after, p.def_, site)
+    n_outer = a[2][0] if a[0] == "app" and a[1] == site_head(site) else None
+    if n_outer is None:
+        raise ExportError("the tiled reduction is not where the site was")
+    thm = "sumTo_tile_guard" if site.op == "sum" else "maxTo_tile_guard"
+    inst = f"{thm} ({_c(b[2][0])}) ({_c(n_outer)}) {p.size} ({_c(_lam_of(b))})"
+    proof = (f"intros.\n  etransitivity.\n  {{ apply ({inst}). first [ apply ceilDiv_ge; lia | lia ]. }}\n"
+             f"  derivc_congr.")
+    ob = _ob(rec, thm, checked="the tiled reduction (outer x inner with guard) equals the original")
+    ob.thms.append(_eq_thm(_thm_name(rec), ex, b, a, hyps, proof))
+    ob.before, ob.after = _c(b), _c(a)
+    return _finish(ob, ex)
+
+
+def site_head(site: Reduce) -> str:
+    return "sumTo" if site.op == "sum" else "maxTo"
+
+
+def ob_tile_loop(rec, before: Program, after: Program) -> Obligation:
+    p, f = rec.parsed, rec.raw_facts
+    bd, ad = _def_pair(before, after, p.def_)
+    lp = next(x for x in bd.loops if x.var == p.index)
+    num, div = lp.ext.single()
+    outer, inner, t = f["outer"], f["inner"], p.size
+    ex = _exporter(before, after)
+    other = [x for x in bd.loops if x.var != p.index]
+    env_o = {x.var: ("idx", V("i_" + x.var)) for x in other}
+    # tiled side: outer/inner bound; untiled side at P = inner + t*outer
+    env_a = dict(env_o)
+    env_a[outer] = ("idx", V("i_" + outer))
+    env_a[inner] = ("idx", V("i_" + inner))
+    P = ex.aff(Aff.build({outer: t, inner: 1}), env_a)
+    env_bP = dict(env_o)
+    env_bP[p.index] = ("idx", P)
+    env_bp = dict(env_o)
+    env_bp[p.index] = ("idx", V("i_" + p.index))
+    # hypotheses on the other loops (bounds only; guards are per side)
+    top_hyps = [("lt", V("i_" + x.var), ex.ext(x.ext, env_o)) for x in other]
+    E = ex.ext(lp.ext, env_o)
+    a_loop_o = next(x for x in ad.loops if x.var == outer)
+    Eo = ex.ext(a_loop_o.ext, env_o)
+    ga = [ex.cond_prop(c, env_a) for c in ad.guard]
+    gbP = [ex.cond_prop(c, env_bP) for c in bd.guard]
+    gbp = [ex.cond_prop(c, env_bp) for c in bd.guard]
+    st_eq_P = [("eq", ex.aff(x, env_a), ex.aff(y, env_bP)) for x, y in zip(ad.store, bd.store)]
+    body_eq = ("eq", ex.expr(ad.body, env_a), ex.expr(bd.body, env_bP))
+    part1 = ("forall", [("i_" + outer, "nat"), ("i_" + inner, "nat")],
+             ("imp", [("lt", V("i_" + outer), Eo), ("lt", V("i_" + inner), N(t))] + ga,
+              conj([("lt", P, E)] + gbP + st_eq_P + [body_eq])))
+    o_t, i_t = A("Nat.div", V("i_" + p.index), N(t)), A("Nat.modulo", V("i_" + p.index), N(t))
+    env_cov = dict(env_o)
+    env_cov[outer] = ("idx", V("i_" + outer))
+    env_cov[inner] = ("idx", V("i_" + inner))
+    ga_c = [ex.cond_prop(c, env_cov) for c in ad.guard]
+    st_eq_c = [("eq", ex.aff(x, env_cov), ex.aff(y, env_bp)) for x, y in zip(ad.store, bd.store)]
+    part2 = ("forall", [("i_" + p.index, "nat")],
+             ("imp", [("lt", V("i_" + p.index), E)] + gbp,
+              ("exists", ["i_" + outer, "i_" + inner],
+               conj([("lt", V("i_" + outer), Eo), ("lt", V("i_" + inner), N(t))] + ga_c + st_eq_c))))
+    pv = "i_" + p.index
+    cover = (f"pose proof (tile_cover {pv} ({_c(E)}) {t} ltac:(lia) ltac:(lia)) as [? ?]. "
+             if Eo[0] == "app" and Eo[1] == "ceilDiv" else "")
+    proof = ("intros. split.\n"
+             "  - intros. derivc_destruct_conj. repeat split; first [ lia | derivc_congr ].\n"
+             f"  - intros. derivc_destruct_conj. {cover}\n"
+             f"    pose proof (gen_tile (fun x : nat => x) {t} {pv} ltac:(lia)) as Hg. cbv beta in Hg.\n"
+             f"    pose proof (Nat.mod_upper_bound {pv} {t} ltac:(lia)).\n"
+             f"    exists ({pv} / {t}), ({pv} mod {t}). repeat split; lia.")
+    ex.nat_vars.pop(pv, None)
+    binders = [("i_" + x.var, "nat") for x in other] + _binders(
+        ex, exclude={"i_" + x for x in (outer, inner, p.index)} | {"i_" + x.var for x in other})
+    concl = conj([part1, part2])
+    ob = _ob(rec, "gen_tile", checked=(
+        "every write of the tiled loop nest (under its guard) is in range, satisfies the old guard, "
+        "goes to the element the untiled nest writes at p = inner + T*outer, with the same value; "
+        "every element p < extent of the untiled nest is written (tile_cover, gen_tile)"))
+    if div != 1:
+        ob.status, ob.unchecked = "partial", f"extent {lp.ext} has a divisor: the cover proof may not apply"
+    ob.thms.append(Thm(_thm_name(rec), binders, top_hyps, concl, proof))
+    ob.before, ob.after = _c(ex.expr(bd.body, env_bp)), _c(ex.expr(ad.body, env_a))
+    return _finish(ob, ex)
+
+
+def ob_nest(rec, before: Program, after: Program, theorem: str) -> Obligation:
+    """Loops permuted or mapped: same iteration set, same store/value, injective store."""
+    d = rec.parsed.def_
+    bd, ad = _def_pair(before, after, d)
+    if sorted(x.var for x in bd.loops) != sorted(x.var for x in ad.loops):
+        raise ExportError("the loop variables changed")
+    ex = _exporter(before, after)
+    vars_ = [x.var for x in ad.loops]
+    env = {v: ("idx", V("i_" + v)) for v in vars_}
+    env2 = {v: ("idx", V("i_" + v + "'")) for v in vars_}
+    it_b = conj(_def_hyps(ex, bd, env))
+    it_a = conj(_def_hyps(ex, ad, env))
+    it_a2 = conj(_def_hyps(ex, ad, env2))
+    bs = [("i_" + v, "nat") for v in vars_]
+    bs2 = [("i_" + v + "'", "nat") for v in vars_]
+    p1 = ("forall", bs, ("iff", it_b, it_a))
+    same = [("eq", ex.aff(x, env), ex.aff(y, env)) for x, y in zip(ad.store, bd.store)]
+    same.append(("eq", ex.expr(ad.body, env), ex.expr(bd.body, env)))
+    p2 = ("forall", bs, ("imp", [it_a], conj(same)))
+    st_eq = conj([("eq", ex.aff(x, env), ex.aff(x, env2)) for x in ad.store])
+    p3 = ("forall", bs + bs2, ("imp", [it_a, it_a2, st_eq],
+                                conj([("eq", V("i_" + v), V("i_" + v + "'")) for v in vars_])))
+    proof = ("split; [| split].\n"
+             "  - intros. split; intros; derivc_destruct_conj; repeat split; lia.\n"
+             "  - intros. derivc_destruct_conj. repeat split; first [ lia | derivc_congr ].\n"
+             "  - intros. derivc_destruct_conj. repeat split; lia.")
+    ob = _ob(rec, theorem, checked=(
+        "the loop nest iterates the same points (bounds and guards), each point stores the same "
+        "value at the same index, and the store index is injective on the nest, so the writes "
+        "commute (the hypothesis of parallel_writes)"))
+    ob.thms.append(Thm(_thm_name(rec), _binders(ex), [], conj([p1, p2, p3]), proof))
+    ob.before = "loops " + ", ".join(f"{x.var} < {x.ext}" for x in bd.loops)
+    ob.after = "loops " + ", ".join(f"{x.var} < {x.ext}" + (f" @{x.mapping}" if x.mapping else "") for x in ad.loops)
+    return _finish(ob, ex)
+
+
+def ob_reorder(rec, before: Program, after: Program) -> Obligation:
+    f = rec.raw_facts
+    if f["target"] == "loops":
+        return ob_nest(rec, before, after, "sumTo_swap")
+    site: Reduce = f["site"]
+    ex, b, a, hyps = _site(rec, before, after, rec.parsed.def_, site)
+    if not (isinstance(site, Reduce) and isinstance(site.body, Reduce) and site.body.op == site.op
+            and site.op == "sum"):
+        ob = _ob(rec, "sumTo_swap", status="partial", checked=(
+            "no exchange theorem applies to this site (not two nested reductions of one operator): "
+            "stated as before = after, proved only if the terms agree"))
+        ob.thms.append(_eq_thm(_thm_name(rec), ex, b, a, hyps, "intros.\n  derivc_congr."))
+        ob.before, ob.after = _c(b), _c(a)
+        return _finish(ob, ex)
+    outer_lam = _lam_of(b)
+    inner = outer_lam[2]
+    fn = ("lam", [outer_lam[1][0]] + _lam_of(inner)[1], _lam_of(inner)[2])
+    if site.op != "sum":
+        thm = "maxTo_swap"
+    else:
+        thm = "sumTo_swap"
+    inst = f"{thm} ({_c(b[2][0])}) ({_c(inner[2][0])}) ({_c(fn)})"
+    proof = f"intros.\n  etransitivity.\n  {{ exact ({inst}). }}\n  derivc_congr."
+    ob = _ob(rec, thm, checked="the two nested reductions commute (finite Fubini)")
+    ob.thms.append(_eq_thm(_thm_name(rec), ex, b, a, hyps, proof))
+    ob.before, ob.after = _c(b), _c(a)
+    return _finish(ob, ex)
+
+
+def ob_split(rec, before: Program, after: Program) -> Obligation:
+    f = rec.raw_facts
+    site: Reduce = f["site"]
+    ex, b, a, hyps = _site(rec, before, after, rec.parsed.def_, site)
+    thm = "sumTo_split" if site.op == "sum" else "maxTo_app"
+    inst = f"{thm} {f['first']} {f['second_extent']} ({_c(_lam_of(b))})"
+    proof = f"intros.\n  etransitivity.\n  {{ exact ({inst}). }}\n  derivc_congr."
+    ob = _ob(rec, "sumTo_split", checked="the reduction over [0, a+b) = [0, a) combined with [a, a+b)")
+    ob.thms.append(_eq_thm(_thm_name(rec), ex, b, a, hyps, proof))
+    ob.before, ob.after = _c(b), _c(a)
+    return _finish(ob, ex)
+
+
+def ob_fuse(rec, before: Program, after: Program) -> Obligation:
+    f = rec.raw_facts
+    prod = before.def_named(f["producer"])
+    ob = _ob(rec, "gen_inline", checked=(
+        f"each consumer's body, reading {prod.name} as the tensor its definition generates "
+        "(genAt: zero outside its extents), equals the body with the producer inlined"))
+    exs = []
+    for k, name in enumerate(f["into"]):
+        bd, ad = _def_pair(before, after, name)
+        ex = _exporter(before, after, {prod.name: prod})
+        hyps = _def_hyps(ex, bd)
+        b, a = ex.expr(bd.body, {}), ex.expr(ad.body, {})
+        ob.thms.append(_eq_thm(_thm_name(rec, f"_{name}" if len(f["into"]) > 1 else ""), ex, b, a, hyps,
+                               "intros.\n  derivc_congr."))
+        ob.before, ob.after = ob.before + _c(b), ob.after + _c(a)
+        exs.append(ex)
+    return _finish(ob, *exs)
+
+
+def ob_unfuse(rec, before: Program, after: Program) -> Obligation:
+    p, f = rec.parsed, rec.raw_facts
+    new = after.def_named(p.name)
+    ex, b, a, hyps = _site(rec, before, after, p.def_, f["site"])
+    ex2 = _exporter(before, after, {new.name: new})
+    ex2.nat_vars, ex2.tensors, ex2.bufs, ex2.consts, ex2._const_keys = (
+        ex.nat_vars, ex.tensors, ex.bufs, ex.consts, ex._const_keys)
+    bd, ad = _def_pair(before, after, p.def_)
+    a = ex2.expr(_at_path(ad.body, _find_path(bd.body, f["site"])), {})
+    ob = _ob(rec, "gen_inline", checked=f"the reduction equals the read of the new definition {new.name} (genAt)")
+    ob.thms.append(_eq_thm(_thm_name(rec), ex2, b, a, hyps, "intros.\n  derivc_congr."))
+    ob.before, ob.after = _c(b), _c(a)
+    return _finish(ob, ex2)
+
+
+def ob_cache(rec, before: Program, after: Program) -> Obligation:
+    p, f = rec.parsed, rec.raw_facts
+    ex, b, a, hyps = _site(rec, before, after, p.def_, f["site"])
+    if p.accumulator is not None:
+        ob = _ob(rec, "cache_read", checked=(
+            "the accumulator fact changes no value: the exported reduction is the same before and after"))
+        proof = "intros.\n  derivc_congr."
+    else:
+        ob = _ob(rec, "cache_read2", checked=(
+            f"the scope with the staged buffer {f['buffer']} equals the scope reading {f['tensor']}: "
+            "every buffer read is an in-range tile offset whose zero-fill guard holds (cache_read2, "
+            "pointwise under the enclosing bounds and guards)"))
+        proof = "intros.\n  derivc_congr."
+    ob.thms.append(_eq_thm(_thm_name(rec), ex, b, a, hyps, proof))
+    ob.before, ob.after = _c(b), _c(a)
+    return _finish(ob, ex)
+
+
+def ob_parallel(rec, before: Program, after: Program) -> Obligation:
+    return ob_nest(rec, before, after, "parallel_writes")
+
+
+def ob_assoc(rec, before: Program, after: Program) -> Obligation:
+    f = rec.raw_facts
+    ex, b, a, hyps = _site(rec, before, after, rec.parsed.def_, f["site"])
+    proof = "intros.\n  derivc_red.\n  repeat rewrite <- sumTo_factor.\n  derivc_congr."
+    ob = _ob(rec, "sumTo_factor", checked="the factor moved out of the sum (division as mul/inv)")
+    ob.thms.append(_eq_thm(_thm_name(rec), ex, b, a, hyps, proof))
+    ob.before, ob.after = _c(b), _c(a)
+    return _finish(ob, ex)
+
+
+def ob_split_softmax(rec, before: Program, after: Program) -> Obligation:
+    p, f = rec.parsed, rec.raw_facts
+    site: Softmax = f["site"]
+    l_def = after.def_named(f["sum"])
+    ex, b, a, hyps = _site(rec, before, after, p.def_, site, {l_def.name: l_def})
+    bd = before.def_named(p.def_)
+    row = tuple(Aff.of(v) for v in f["row_loops"])
+    m_read = ex.expr(Read(f["max"], row), {})
+    if site.mask:
+        lemma = f"softmaxAtG_shift _ _ _ _ ({_c(m_read)})"
+    else:
+        lemma = f"softmaxAt_shift _ _ _ ({_c(m_read)})"
+    proof = f"intros.\n  etransitivity.\n  {{ apply ({lemma}). }}\n  derivc_congr."
+    ob = _ob(rec, "softmax_split", checked=(
+        f"one element of the {'masked ' if site.mask else ''}softmax equals exp(s - {f['max']}) / "
+        f"{f['sum']} with {f['sum']} inlined from its new definition; {f['max']} is an arbitrary "
+        "tensor (the identity holds for any shift), so its definition is not needed"))
+    ob.unchecked = f"{f['max']}'s definition (any shift is exact)"
+    ob.thms.append(_eq_thm(_thm_name(rec), ex, b, a, hyps, proof))
+    ob.before, ob.after = _c(b), _c(a)
+    return _finish(ob, ex)
+
+
+def ob_online_agg(rec, before: Program, after: Program) -> Obligation:
+    p, f = rec.parsed, rec.raw_facts
+    bd, ad = _def_pair(before, after, p.def_)
+    l_def = before.def_named(f["denominator"])
+    ex = _exporter(before, after, {l_def.name: l_def})
+    hyps = _def_hyps(ex, bd)
+    b = ex.expr(bd.body, {})
+    a = ex.expr(ad.body, {})
+    # the flat (untiled) score, value and mask, from the before numerator
+    num = bd.body.a
+    outer, inner = num, num.body
+    body = inner.body
+    conds: tuple = ()
+    if isinstance(body, Select):
+        conds, body = body.conds, body.then
+    if not (isinstance(body, Bin) and body.op == "*" and isinstance(body.a, Un) and isinstance(body.a.a, Bin)):
+        raise ExportError("the numerator is not exp(s - M) * v")
+    score, m_read, value = body.a.a.a, body.a.a.b, body.b
+    envf = {inner.var: ("idx", V("j_")), outer.var: ("idx", N(0))}
+    G = Lam(["j_"], ex.conds_bool(conds, envf) if conds else A("true"))
+    S = Lam(["j_"], ex.expr(score, envf))
+    Vf = Lam(["j_"], ex.expr(value, envf))
+    M = ex.expr(m_read, {})
+    E = ex.ext(outer.ext, {})
+    T = ex.ext(inner.ext, {})
+    fold = ad.body
+    if not isinstance(fold, Fold) or len(fold.state) != 3:
+        raise ExportError("the after body is not a fold with state (m, l, acc)")
+    # mnext: the IR's own running max, as a function of (tile, old max)
+    env = {fold.var: ("idx", V("i_" + fold.var)), fold.state[0]: ("buf", "v_" + fold.state[0])}
+    lets = []
+    mval = None
+    for bnd in fold.binds:
+        if bnd.name == f["m_new"]:
+            mval = ex.expr(bnd.value, env)
+            break
+        coq, val, env = ex.binding(bnd, env)
+        lets.append((coq, val))
+    if mval is None:
+        raise ExportError("no running-max binding in the fold")
+    for coq, val in reversed(lets):
+        mval = ("let", coq, val, mval)
+    mnext = Lam(["i_" + fold.var, "v_" + fold.state[0]], mval)
+    ex.nat_vars.pop("i_" + fold.var, None)
+    fo = f"onlineFoldG ({_c(G)}) ({_c(S)}) ({_c(Vf)}) {_c(T)} ({_c(mnext)}) ninf ({_c(E)})"
+    proof = (f"intros.\n  transitivity (div (st_acc ({fo})) (st_l ({fo}))).\n"
+             f"  - rewrite (online_agg_guard ({_c(G)}) ({_c(S)}) ({_c(Vf)}) {_c(T)} ({_c(mnext)}) ninf ({_c(M)}) ({_c(E)})).\n"
+             f"    rewrite !(sumTo_tile ({_c(E)}) {_c(T)}).\n"
+             f"    derivc_congr.\n"
+             f"  - rewrite onlineFoldG_foldN.\n"
+             f"    derivc_congr.")
+    ob = _ob(rec, "online_agg_guard", checked=(
+        f"the quotient of the tiled numerator and {l_def.name} (inlined) equals the IR's fold: "
+        "its step is matched, field by field, against onlineStepW of onlineFoldG (masked weights "
+        "exp(s - m'), rescale of l and acc by exp(m - m'), running max = the IR's own m_new)"))
+    ob.thms.append(_eq_thm(_thm_name(rec), ex, b, a, hyps, proof))
+    ob.before, ob.after = _c(b), _c(a)
+    return _finish(ob, ex)
+
+
+def ob_mask(rec, before: Program, after: Program) -> Obligation:
+    p, f = rec.parsed, rec.raw_facts
+    site = f["site"]
+    ex, b, a, hyps = _site(rec, before, after, p.def_, site)
+    facts = []
+    for num, t in f["bounds"]:
+        if num.names() and t > 1:
+            facts.append(f"pose proof (ceilDiv_ge ({_c(ex.aff(num, {}))}) {t} ltac:(lia)).")
+    facts_s = " ".join(facts)
+    kill = "derivc_red; repeat (derivc_split; derivc_red; try (exfalso; lia)); reflexivity"
+    if isinstance(site, Fold):
+        if len(site.state) != 3:
+            raise ExportError("MASK on a fold other than online aggregation")
+        proof = f"intros. {facts_s}\n  derivc_congr."
+        thm = "sumTo_guard_trunc"
+    else:
+        lemma = "sumTo_guard_trunc" if site.op == "sum" else "maxTo_trunc"
+        K = a[2][0]
+        proof = (f"intros.\n  etransitivity.\n  {{ apply ({lemma} ({_c(b[2][0])}) ({_c(K)}) ({_c(_lam_of(b))})).\n"
+                 f"    - intros j Hj1 Hj2. {facts_s} {kill}.\n    - lia. }}\n  derivc_congr.")
+        thm = lemma
+    ob = _ob(rec, "sumTo_guard_trunc", checked=(
+        "the iterations beyond the new bound are fully masked: they add zero (sum), -inf (max) or "
+        "leave the online-aggregation state (m, l, acc) unchanged (fold)"))
+    ob.thms.append(_eq_thm(_thm_name(rec), ex, b, a, hyps, proof))
+    ob.before, ob.after = _c(b), _c(a)
+    return _finish(ob, ex)
+
+
+def ob_map_mma(rec, before: Program, after: Program) -> Obligation:
+    f = rec.raw_facts
+    site: Reduce = f["site"]
+    ex, b, a, hyps = _site(rec, before, after, rec.parsed.def_, site)
+    n = b[2][0]
+    if n[0] != "num" or n[1] % 16 or a[2][1][0] != "lam" or a[2][1][2][1] != "mma16":
+        ob = _ob(rec, "mma_tile", status="partial", checked="the value is unchanged",
+                 unchecked="the mma16 grouping (extent not a fixed multiple of 16 or k != 16)")
+        ob.thms.append(_eq_thm(_thm_name(rec), ex, b, a, hyps, "intros.\n  derivc_congr."))
+    else:
+        inst = f"mma_tile {n[1] // 16} ({_c(_lam_of(b))})"
+        ob = _ob(rec, "mma_tile", checked=(
+            "the k-sum equals its tensor-core grouping: chunks of 16 added in the mma16 order"))
+        ob.thms.append(_eq_thm(_thm_name(rec), ex, b, a, hyps,
+                               f"intros.\n  etransitivity.\n  {{ exact ({inst}). }}\n  derivc_congr."))
+    ob.before, ob.after = _c(b), _c(a)
+    return _finish(ob, ex)
+
+
+GENERATORS = {
+    "TILE": ob_tile, "REORDER": ob_reorder, "SPLIT": ob_split, "CACHE": ob_cache,
+    "PARALLEL": ob_parallel, "ASSOC": ob_assoc, "SPLIT-SOFTMAX": ob_split_softmax,
+    "ONLINE-AGG": ob_online_agg, "MASK": ob_mask, "MAP-MMA": ob_map_mma,
+}
+
+
+def _finish(ob: Obligation, *exs: Exporter) -> Obligation:
+    for ex in exs:
+        ob.notes += [n for n in ex.notes if n not in ob.notes]
+        ob.consts.update(ex.consts)
+    if ob.notes and ob.status == "full":
+        ob.status = "partial"
+        ob.unchecked = (ob.unchecked + "; " if ob.unchecked else "") + "; ".join(ob.notes)
+    return ob
+
+
+def obligation_for(rec, before: Program, after: Program) -> Obligation:
+    if rec.kind == "FUSE":
+        gen = ob_unfuse if rec.rule == "unfuse" else ob_fuse
+    else:
+        gen = GENERATORS.get(rec.kind)
+    if gen is None:
+        raise ExportError(f"no obligation generator for {rec.kind}")
+    return gen(rec, before, after)
+
+
+# --------------------------------------------------------------------------- files
+
+
+def _statement(t: Thm, lang: str) -> str:
+    body = ("imp", t.hyps, t.concl) if t.hyps else t.concl
+    return render(("forall", t.binders, body), lang)
+
+
+def coq_text(ob: Obligation) -> str:
+    sec = f"Step{ob.step:02d}"
+    out = [f"(* derivc obligation: step {ob.step}, rule {ob.rule} ({ob.kind}), theorem {ob.theorem}.",
+           f"   status: {ob.status}",
+           f"   checked: {ob.checked}"]
+    if ob.unchecked:
+        out.append(f"   NOT checked: {ob.unchecked}")
+    if ob.consts:
+        out.append("   constants: " + ", ".join(f"{k} = {v}" for k, v in ob.consts.items()))
+    out.append("   before/after terms are exported from IR_{k-1} / IR_k; see index.json. *)")
+    out.append(COQ_HEADER)
+    out.append(f"Section {sec}.\nContext {{R : Type}} {{KA : KAlg R}}.\n"
+               f"Add Ring derivc_ring : (@kalg_ring R KA).\n")
+    for t in ob.thms:
+        out.append(f"Theorem {t.name} :\n  {_statement(t, 'coq')}.\nProof.\n  {t.proof}\nQed.\n")
+    out.append(f"End {sec}.\n")
+    return "\n".join(out)
+
+
+def lean_text(ob: Obligation) -> str:
+    out = [f"/- derivc obligation: step {ob.step}, rule {ob.rule} ({ob.kind}), theorem {ob.theorem}.",
+           f"   status: {ob.status} (Coq); the Lean statement mirrors StepNN.v and has NOT been",
+           "   checked in this environment (no Lean toolchain).",
+           f"   checked (Coq): {ob.checked} -/",
+           "import Derivc", "", "namespace Derivc", "open Derivc", "",
+           "variable {R : Type} [KAlg R]", ""]
+    for t in ob.thms:
+        out.append(f"theorem {t.name} :\n    {_statement(t, 'lean')} := {t.lean_proof}\n")
+    out.append("end Derivc\n")
+    return "\n".join(out)
+
+
+def _failed_text(step: int, rule: str, reason: str) -> str:
+    return (f"(* derivc obligation for step {step} ({rule}) could NOT be generated:\n   "
+            f"{reason.replace('*)', '* )')}\n   This file fails coqc on purpose. *)\n"
+            "Fail_obligation_not_generated.\n")
+
+
+def write_obligations(derivation: Any, outdir: Path) -> list[Path]:
+    """Write StepNN_<rule>.v / .lean and index.json into outdir; returns the paths written."""
+    outdir = Path(outdir)
+    d = derivation
+    if not d.steps:  # nothing to prove: no proofs/ directory
+        return []
+    outdir.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    index: list[dict[str, Any]] = []
+    for rec, before, after in zip(d.steps, d.programs, d.programs[1:]):
+        stem = f"Step{rec.index:02d}_{rec.kind.replace('-', '_')}"
+        vf, lf = outdir / f"{stem}.v", outdir / f"{stem}.lean"
+        entry: dict[str, Any] = {"step": rec.index, "rule": rec.rule, "kind": rec.kind,
+                                 "files": {"coq": vf.name, "lean": lf.name}}
+        try:
+            ob = obligation_for(rec, before, after)
+        except Exception as exc:  # noqa: BLE001 - reported in the file and the index, never fatal
+            reason = f"{type(exc).__name__}: {exc}"
+            vf.write_text(_failed_text(rec.index, rec.rule, reason))
+            lf.write_text(f"/- derivc: obligation for step {rec.index} not generated: {reason} -/\n")
+            entry.update({"theorem": rec.theorem, "status": "not generated", "error": reason,
+                          "trace": traceback.format_exc(limit=3)})
+        else:
+            vf.write_text(coq_text(ob))
+            lf.write_text(lean_text(ob))
+            entry.update({"theorem": ob.theorem, "status": ob.status, "checked": ob.checked,
+                          "not_checked": ob.unchecked, "coq_theorems": [t.name for t in ob.thms],
+                          "before": ob.before, "after": ob.after, "constants": ob.consts})
+        written += [vf, lf]
+        index.append(entry)
+    ix = outdir / "index.json"
+    ix.write_text(json.dumps({"steps": index}, indent=2) + "\n")
+    written.append(ix)
+    return written
