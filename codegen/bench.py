@@ -25,6 +25,10 @@ ATTN_CASES = [  # (schedule, head dim, causal)
     ("flash_attention_noncausal.yaml", 128, False),
     ("flash_attention_d64.yaml", 64, True),
     ("flash_attention_d64_noncausal.yaml", 64, False),
+    ("flash_attention_wgmma.yaml", 128, True),
+    ("flash_attention_wgmma_noncausal.yaml", 128, False),
+    ("flash_attention_wgmma_d64.yaml", 64, True),
+    ("flash_attention_wgmma_d64_noncausal.yaml", 64, False),
 ]
 SEQLENS = (1024, 2048, 4096, 8192, 16384)
 TOKENS, HIDDEN = 16384, 2048
@@ -121,8 +125,9 @@ def bench_attention(root: Path, seqlens: tuple[int, ...]) -> list[dict[str, Any]
                                                 for x in qkv])
                 except RuntimeError:
                     anchors[name] = float("nan")
-            rows.append({"family": "attention", "case": f"d{d} {'causal' if causal else 'full'} b{b} s{n}",
-                         "d": d, "causal": causal, "seqlen": n, "batch": b, "heads": heads,
+            mma = kern.plan.mma
+            rows.append({"family": "attention", "case": f"{mma} d{d} {'causal' if causal else 'full'} b{b} s{n}",
+                         "mma": mma, "d": d, "causal": causal, "seqlen": n, "batch": b, "heads": heads,
                          "derived_tflops": flops / t_d / 1e9, "anchor": "FA2",
                          "anchor_tflops": flops / anchors["FA2"] / 1e9, "ratio": anchors["FA2"] / t_d,
                          "cudnn_tflops": flops / anchors["cuDNN"] / 1e9, "ratio_cudnn": anchors["cuDNN"] / t_d,
@@ -153,9 +158,12 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         return
     fig, axes = plt.subplots(1, len(groups), figsize=(4.5 * len(groups), 4), squeeze=False)
     for ax, (d, causal) in zip(axes[0], groups):
-        rs = sorted((r for r in rows if r.get("d") == d and r.get("causal") == causal), key=lambda r: r["seqlen"])
+        group = [r for r in rows if r.get("d") == d and r.get("causal") == causal]
+        for mma in sorted({r["mma"] for r in group}):
+            rs = sorted((r for r in group if r["mma"] == mma), key=lambda r: r["seqlen"])
+            ax.plot([r["seqlen"] for r in rs], [r["derived_tflops"] for r in rs], "o-", label=f"derivc ({mma})")
+        rs = sorted((r for r in group if r["mma"] == group[0]["mma"]), key=lambda r: r["seqlen"])
         xs = [r["seqlen"] for r in rs]
-        ax.plot(xs, [r["derived_tflops"] for r in rs], "o-", label="derivc")
         ax.plot(xs, [r["anchor_tflops"] for r in rs], "s--", label="FA2 (SDPA flash)")
         ax.plot(xs, [r["cudnn_tflops"] for r in rs], "^:", label="cuDNN (SDPA)")
         ax.set_xscale("log", base=2)

@@ -2,7 +2,7 @@
 dynamic shared-memory layout (shared by render.py so the kernel and its launch agree)."""
 from __future__ import annotations
 
-from codegen.plan import (DTYPE_BYTES, ContractionPlan, Plan, size_names,
+from codegen.plan import (DTYPE_BYTES, AttentionPlan, ContractionPlan, Plan, size_names,
                           threads)
 
 _AXIS_INDEX = {"x": 0, "y": 1, "z": 2}
@@ -68,6 +68,10 @@ def launch_config(plan: Plan, sizes: dict[str, int], *, tma: bool = False
         from codegen.render_wgmma import launch_config_wgmma
 
         return launch_config_wgmma(plan, sizes, tma=tma)
+    if isinstance(plan, AttentionPlan) and plan.mma == "wgmma":
+        from codegen.render_attn_wgmma import launch_config_attn_wgmma
+
+        return launch_config_attn_wgmma(plan, sizes)
     return grid_dims(plan, sizes), (threads(plan), 1, 1), smem_bytes(plan)
 
 

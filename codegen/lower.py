@@ -234,8 +234,6 @@ def _lower_attention(prog: Program, d: Def, fold: Fold, kname: str) -> Attention
     pv_mma = pv[0].mma.instr if pv[0].mma else None
     if qk_mma != pv_mma:
         raise UnsupportedMapping("map both products (QKᵀ and P·V) to the same instruction, or neither")
-    if qk_mma == "wgmma":
-        raise UnsupportedMapping("the attention kernels have no wgmma mapping yet; use instr: mma_sync")
     p_read = pv_prod.a
     p_in_regs = isinstance(p_read, Read) and p_read.tensor in binds and binds[p_read.tensor].level == "register"
     warps = _warp_counts(d)

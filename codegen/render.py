@@ -260,8 +260,12 @@ def render(plan: Plan, options: tuple[str, ...] = DEFAULT_OPTIONS, *, tma: bool 
         from codegen.render_wgmma import render_wgmma
 
         return render_wgmma(plan, options, tma=tma)
+    if isinstance(plan, AttentionPlan) and plan.mma == "wgmma":  # TMA-only, warp-specialized
+        from codegen.render_attn_wgmma import render_attn_wgmma
+
+        return render_attn_wgmma(plan, options)
     if tma:
-        raise ValueError("tma=True applies to wgmma plans only")
+        raise ValueError("tma=True applies to wgmma contraction plans only")
     if isinstance(plan, ContractionPlan):
         ctx, tmpl = _contraction_ctx(plan), "contraction.cu.j2"
     elif isinstance(plan, AttentionPlan):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from codegen.launch import launch_config
-from codegen.plan import ContractionPlan, Plan, inputs, output, size_names
+from codegen.plan import AttentionPlan, ContractionPlan, Plan, inputs, output, size_names
 from codegen.render import KernelSource, render
 
 _TORCH_DTYPES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32"}
@@ -65,10 +65,10 @@ class CompiledKernel:
         # MAP-MMA to wgmma: the warp-specialized TMA variant runs when sizes and pointers allow
         # (16-byte rows and bases), the cp.async variant otherwise.
         self.tma = None
+        self._maps: dict[tuple, Any] = {}
         if isinstance(plan, ContractionPlan) and plan.mma == "wgmma":
             ks_tma = render(plan, tma=True)
             self.tma = (ks_tma,) + self._load(ks_tma, tma_cubin)
-            self._maps: dict[tuple, Any] = {}
 
     @staticmethod
     def _load(ks: KernelSource, cubin: Optional[bytes]):
@@ -92,6 +92,19 @@ class CompiledKernel:
         if ks.smem_bytes > 48 * 1024:
             fn.max_dynamic_shared_size_bytes = ks.smem_bytes
         return module, fn
+
+    def _tensor_maps(self, cupy, dev: int, key: tuple, encode) -> int:
+        """Device address of the TMA tensor maps for these inputs and sizes, encoded on the host
+        once per (pointers, sizes, device) and kept on the device."""
+        import numpy as np
+
+        key = key + (dev,)
+        if key not in self._maps:
+            if len(self._maps) > 64:
+                self._maps.clear()
+            with cupy.cuda.Device(dev):
+                self._maps[key] = cupy.asarray(np.frombuffer(encode(), dtype=np.uint8))
+        return self._maps[key].data.ptr
 
     # -- argument checks ---------------------------------------------------------------------
     def _view(self, x: Any, op) -> _View:
@@ -179,20 +192,21 @@ class CompiledKernel:
         args = [np.uint64(v.ptr) for v in views] + [np.uint64(ov.ptr)]
         args += [np.int32(sizes[d]) for d in self.plan.dynamic]
         use_tma = False
-        if self.tma is not None:
+        if isinstance(self.plan, AttentionPlan) and self.plan.mma == "wgmma":
+            from codegen.render_attn_wgmma import encode_attn_tensor_maps
+
+            args.append(np.uint64(self._tensor_maps(
+                cupy, dev, (tuple(v.ptr for v in views), tuple(sorted(sizes.items()))),
+                lambda: encode_attn_tensor_maps(self.plan, sizes, *(v.ptr for v in views)))))
+        elif self.tma is not None:
             from codegen.render_wgmma import encode_tensor_maps, tma_supported
 
             ptrs = tuple(v.ptr for v in views)
             use_tma = tma_supported(self.plan, sizes, ptrs)
             if use_tma:
-                key = (ptrs, tuple(sorted(sizes.items())), dev)
-                if key not in self._maps:  # encoded once per (inputs, sizes); kept on the device
-                    if len(self._maps) > 64:
-                        self._maps.clear()
-                    with cupy.cuda.Device(dev):
-                        raw = encode_tensor_maps(self.plan, sizes, *ptrs)
-                        self._maps[key] = cupy.asarray(np.frombuffer(raw, dtype=np.uint8))
-                args.append(np.uint64(self._maps[key].data.ptr))
+                args.append(np.uint64(self._tensor_maps(
+                    cupy, dev, (ptrs, tuple(sorted(sizes.items()))),
+                    lambda: encode_tensor_maps(self.plan, sizes, *ptrs))))
                 fn = self.tma[2]
         grid, block, smem = launch_config(self.plan, sizes, tma=use_tma)
         with cupy.cuda.Device(dev):

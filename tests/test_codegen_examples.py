@@ -115,12 +115,18 @@ def test_uncached_operand_reads_global_memory(tmp_path):
     assert plan["a"]["level"] == "shared" and plan["b"]["level"] == "global"
 
 
-def test_wgmma_on_attention_is_refused_clearly(tmp_path):
+def test_wgmma_attention_needs_one_warp_per_16_rows(tmp_path):
+    """wgmma attention: a warpgroup per 64 query rows; a schedule with too few warps is refused."""
     from compiler.cli import BuildError
 
-    path = _with("flash_attention_noncausal.yaml", "index: e, instr: mma_sync}", "index: e, instr: wgmma}", tmp_path)
-    text = path.read_text().replace("index: ji, instr: mma_sync, m: ii}", "index: ji, instr: wgmma, m: ii}")
-    path.write_text(text)
-    with pytest.raises((BuildError, Exception), match="no wgmma mapping"):
+    path = _with("flash_attention_wgmma.yaml", "index: ii, to: warp, count: 8}", "index: ii, to: warp, count: 4}", tmp_path)
+    with pytest.raises(BuildError, match="warps"):
         build_to(path, tmp_path / "out", seed=0, proofs=False)
     assert not (tmp_path / "out").exists()
+
+
+def test_wgmma_mapping_changes_the_attention_kernel(builds):
+    sync = json.loads((builds(ROOT / "examples" / "flash_attention.yaml") / "plan.json").read_text())
+    wg = builds(ROOT / "examples" / "flash_attention_wgmma.yaml")
+    assert sync["mma"] == "mma_sync" and json.loads((wg / "plan.json").read_text())["mma"] == "wgmma"
+    assert "wgmma.mma_async" in (wg / "kernel.cu").read_text()

@@ -28,6 +28,10 @@ CASES = {
     "flash_attention_d64.yaml": [{"B": 1, "H": 2, "N": 300}],
     "flash_attention_d64_noncausal.yaml": [{"B": 3, "H": 2, "N": 77}],
     "flash_attention_small_tiles.yaml": [{"B": 2, "H": 2, "N": 150}],
+    "flash_attention_wgmma.yaml": [{"B": 2, "H": 2, "N": 256}, {"B": 1, "H": 3, "N": 200}],
+    "flash_attention_wgmma_noncausal.yaml": [{"B": 2, "H": 1, "N": 190}],
+    "flash_attention_wgmma_d64.yaml": [{"B": 1, "H": 2, "N": 300}],
+    "flash_attention_wgmma_d64_noncausal.yaml": [{"B": 3, "H": 2, "N": 77}],
 }
 
 
@@ -74,7 +78,8 @@ def test_schedules_change_the_kernel(built):
 def test_attention_matches_torch_sdpa(built):
     import torch.nn.functional as F
 
-    for name, causal in (("flash_attention.yaml", True), ("flash_attention_noncausal.yaml", False)):
+    for name, causal in (("flash_attention.yaml", True), ("flash_attention_noncausal.yaml", False),
+                         ("flash_attention_wgmma.yaml", True), ("flash_attention_wgmma_noncausal.yaml", False)):
         _, kernel = built(name)
         q, k, v = (torch.randn(2, 4, 333, 128, device="cuda", dtype=torch.float16) for _ in range(3))
         out = kernel(q, k, v)
