@@ -179,14 +179,7 @@ def _contraction_ctx(p: ContractionPlan) -> dict:
     est = ctx["MI"] * ctx["NI"] * 4 + 2 * (ctx["MI"] * 4 + ctx["NI"] * 2) + 48 if p.mma else 1 << 16
     ctx["min_blocks"] = 2 if (2 * nthreads * est <= 65536 and 2 * lay["total"] <= 227 * 1024) else 1
     ctx["b_smem_off"] = lay.get("b", 0)
-    decls, offs = _batch(p, sz, {"a": p.a, "b": p.b, "c": p.c})
-    ctx.update(batch_decls=decls, off_a=offs["a"], off_b=offs["b"], off_c=offs["c"])
-    ax_m, ax_n = _tile_axis(p, p.m, p.block_m), _tile_axis(p, p.n, p.block_n)
-    if {ax_m, ax_n} == {"x", "y"}:
-        ctx["raster"] = dict(ax_m=ax_m, ax_n=ax_n, group=RASTER_GROUP)
-    else:
-        ctx["raster"] = None
-        ctx["tm_expr"], ctx["tn_expr"] = f"(int)blockIdx.{ax_m}", f"(int)blockIdx.{ax_n}"
+    ctx.update(contraction_grid_ctx(p, sz))
     ctx["summary"] = (f"{'mma.sync' if p.mma else 'SIMT'} {p.block_m}x{p.block_n}x{p.block_k}, "
                       f"warps {p.warps_m}x{p.warps_n}, stages {p.stages}, a:{p.a.level} b:{p.b.level}, "
                       f"swizzle {p.swizzle}")
@@ -272,9 +265,32 @@ def render(plan: Plan, options: tuple[str, ...] = DEFAULT_OPTIONS, *, tma: bool 
         ctx, tmpl = _attention_ctx(plan), "online_fold.cu.j2"
     else:
         raise TypeError(f"not a plan: {type(plan).__name__}")
-    if ctx["smem_bytes"] > 227 * 1024:
-        raise ValueError(f"plan needs {ctx['smem_bytes']} bytes of shared memory > 227 KB")
-    src = _env.get_template(tmpl).render(**ctx)
+    return render_template(tmpl, ctx, options)
+
+
+SMEM_LIMIT = 227 * 1024  # per block, Hopper
+
+
+def render_template(template: str, ctx: dict, options: tuple[str, ...]) -> KernelSource:
+    """Render a kernel skeleton with its context into a KernelSource (every family ends here)."""
+    if ctx["smem_bytes"] > SMEM_LIMIT:
+        raise ValueError(f"plan needs {ctx['smem_bytes']} bytes of shared memory > 227 KB "
+                         "(fewer stages or smaller tiles)")
+    src = _env.get_template(template).render(**ctx)
     src = re.sub(r"\n[ \t]*\n(?:[ \t]*\n)+", "\n\n", src)  # collapse blank runs left by the macros
     return KernelSource(source=src, entry=ctx["kname"], arg_names=ctx["_arg_names"],
                         threads=ctx["threads"], smem_bytes=ctx["smem_bytes"], options=tuple(options))
+
+
+def contraction_grid_ctx(p: ContractionPlan, sz: _Sizes) -> dict:
+    """Batch offsets and the block → (m-tile, n-tile) order (grouped rasterisation when both
+    tile axes are on the grid) shared by the mma.sync and wgmma contraction skeletons."""
+    decls, offs = _batch(p, sz, {"a": p.a, "b": p.b, "c": p.c})
+    ctx = dict(batch_decls=decls, off_a=offs["a"], off_b=offs["b"], off_c=offs["c"])
+    ax_m, ax_n = _tile_axis(p, p.m, p.block_m), _tile_axis(p, p.n, p.block_n)
+    if {ax_m, ax_n} == {"x", "y"}:
+        ctx["raster"] = dict(ax_m=ax_m, ax_n=ax_n, group=RASTER_GROUP)
+    else:
+        ctx["raster"] = None
+        ctx["tm_expr"], ctx["tn_expr"] = f"(int)blockIdx.{ax_m}", f"(int)blockIdx.{ax_n}"
+    return ctx

@@ -41,23 +41,13 @@ same process as torch SDPA FLASH (FA2) and CUDNN:
 from __future__ import annotations
 
 import math
-import re
-
-import jinja2
-
 from codegen import launch
 from codegen.plan import DTYPE_BYTES, AttentionPlan, check_plan
-from codegen.render import (DEFAULT_OPTIONS, TEMPLATE_DIR, KernelSource, _batch, _ident, _params,
-                            _Sizes, _tile_axis)
+from codegen.render import (DEFAULT_OPTIONS, KernelSource, _batch, _ident, _params, _Sizes,
+                            _tile_axis, render_template)
 
-SMEM_LIMIT = 227 * 1024
 _ALIGN_SLACK = 1024  # the kernel rounds the dynamic shared base up to 1024 bytes
 REG_PRODUCER = 24
-
-_env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
-                          undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
-                          trim_blocks=False, lstrip_blocks=False)
-
 
 def _geometry(p: AttentionPlan) -> dict:
     """Warpgroups, shared-memory layout, registers; ValueError naming the field."""
@@ -145,14 +135,7 @@ def render_attn_wgmma(plan: AttentionPlan, options: tuple[str, ...] = DEFAULT_OP
     check_plan(plan)
     if not any("sm_90a" in o for o in options):
         raise ValueError("wgmma needs the arch-specific target: --gpu-architecture=sm_90a")
-    ctx = _context(plan, overlap)
-    if ctx["smem_bytes"] > SMEM_LIMIT:
-        raise ValueError(f"plan needs {ctx['smem_bytes']} bytes of shared memory > 227 KB "
-                         "(fewer stages or smaller tiles)")
-    src = _env.get_template("online_fold_wgmma.cu.j2").render(**ctx)
-    src = re.sub(r"\n[ \t]*\n(?:[ \t]*\n)+", "\n\n", src)
-    return KernelSource(source=src, entry=ctx["kname"], arg_names=ctx["_arg_names"],
-                        threads=ctx["threads"], smem_bytes=ctx["smem_bytes"], options=tuple(options))
+    return render_template("online_fold_wgmma.cu.j2", _context(plan, overlap), options)
 
 
 def launch_config_attn_wgmma(plan: AttentionPlan, sizes: dict[str, int], tma: bool = True

@@ -38,21 +38,12 @@ H200, 2026-11-29 (codegen/devtools/wgmma_check.py, do_bench median, 4 rotating i
 """
 from __future__ import annotations
 
-import re
-
-import jinja2
-
 from codegen import launch
 from codegen.plan import DTYPE_BYTES, ContractionPlan, check_plan, threads
-from codegen.render import (DEFAULT_OPTIONS, RASTER_GROUP, TEMPLATE_DIR, KernelSource, _batch,
-                            _ident, _params, _Sizes, _tile_axis)
+from codegen.render import (DEFAULT_OPTIONS, KernelSource, _ident, _params, _Sizes,
+                            contraction_grid_ctx, render_template)
 
-SMEM_LIMIT = 227 * 1024
 _ALIGN_SLACK = 1024  # the kernel rounds the dynamic shared base up to 1024 bytes
-
-_env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
-                          undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
-                          trim_blocks=False, lstrip_blocks=False)
 
 
 def _geometry(p: ContractionPlan, tma: bool = False) -> dict:
@@ -156,14 +147,7 @@ def _context(p: ContractionPlan, tma: bool = False) -> dict:
         ctx["c_vec_ok"] = f"(({ctx['N']} % {g['CVEC']}) == 0)"
     else:
         ctx["c_vec_ok"] = None if fixed[p.n] % g["CVEC"] == 0 else "false"
-    decls, offs = _batch(p, sz, {"a": p.a, "b": p.b, "c": p.c})
-    ctx.update(batch_decls=decls, off_a=offs["a"], off_b=offs["b"], off_c=offs["c"])
-    ax_m, ax_n = _tile_axis(p, p.m, p.block_m), _tile_axis(p, p.n, p.block_n)
-    if {ax_m, ax_n} == {"x", "y"}:
-        ctx["raster"] = dict(ax_m=ax_m, ax_n=ax_n, group=RASTER_GROUP)
-    else:
-        ctx["raster"] = None
-        ctx["tm_expr"], ctx["tn_expr"] = f"(int)blockIdx.{ax_m}", f"(int)blockIdx.{ax_n}"
+    ctx.update(contraction_grid_ctx(p, sz))
     ctx["summary"] = (f"{'TMA warp-specialized' if tma else 'cp.async'}, wgmma m64n{g['WN']}k16 "
                       f"{p.block_m}x{p.block_n}x{p.block_k}, "
                       f"warpgroups {g['WGM']}x{g['WGN']}, stages {p.stages}, "
@@ -183,14 +167,7 @@ def render_wgmma(plan: ContractionPlan, options: tuple[str, ...] = DEFAULT_OPTIO
     check_plan(plan)
     if not any("sm_90a" in o for o in options):
         raise ValueError("wgmma needs the arch-specific target: --gpu-architecture=sm_90a")
-    ctx = _context(plan, tma)
-    if ctx["smem_bytes"] > SMEM_LIMIT:
-        raise ValueError(f"plan needs {ctx['smem_bytes']} bytes of shared memory > 227 KB "
-                         "(fewer stages or smaller tiles)")
-    src = _env.get_template("contraction_wgmma.cu.j2").render(**ctx)
-    src = re.sub(r"\n[ \t]*\n(?:[ \t]*\n)+", "\n\n", src)
-    return KernelSource(source=src, entry=ctx["kname"], arg_names=ctx["_arg_names"],
-                        threads=ctx["threads"], smem_bytes=ctx["smem_bytes"], options=tuple(options))
+    return render_template("contraction_wgmma.cu.j2", _context(plan, tma), options)
 
 
 def launch_config_wgmma(plan: ContractionPlan, sizes: dict[str, int], tma: bool = False

@@ -37,10 +37,10 @@ from pathlib import Path
 from typing import Any
 
 from .ir import (
-    Aff, Bin, Const, Def, Expr, Fold, Let, Program, Read, Reduce, Select, Softmax, Un, children,
+    Aff, Bin, Def, Expr, Fold, Let, Program, Read, Reduce, Select, Softmax, Un, children,
 )
 from .obligations_terms import (
-    A, ExportError, Exporter, Lam, N, Term, V, coq_type, conj, render,
+    A, ExportError, Exporter, Lam, N, Term, V, conj, render,
 )
 
 COQ_HEADER = """From Coq Require Import Arith Lia Bool Ring.
@@ -237,7 +237,6 @@ def ob_tile_loop(rec, before: Program, after: Program) -> Obligation:
     part1 = ("forall", [("i_" + outer, "nat"), ("i_" + inner, "nat")],
              ("imp", [("lt", V("i_" + outer), Eo), ("lt", V("i_" + inner), N(t))] + ga,
               conj([("lt", P, E)] + gbP + st_eq_P + [body_eq])))
-    o_t, i_t = A("Nat.div", V("i_" + p.index), N(t)), A("Nat.modulo", V("i_" + p.index), N(t))
     env_cov = dict(env_o)
     env_cov[outer] = ("idx", V("i_" + outer))
     env_cov[inner] = ("idx", V("i_" + inner))
@@ -420,7 +419,7 @@ def ob_split_softmax(rec, before: Program, after: Program) -> Obligation:
     site: Softmax = f["site"]
     l_def = after.def_named(f["sum"])
     ex, b, a, hyps = _site(rec, before, after, p.def_, site, {l_def.name: l_def})
-    bd = before.def_named(p.def_)
+    before.def_named(p.def_)
     row = tuple(Aff.of(v) for v in f["row_loops"])
     m_read = ex.expr(Read(f["max"], row), {})
     if site.mask:
@@ -512,13 +511,11 @@ def ob_mask(rec, before: Program, after: Program) -> Obligation:
         if len(site.state) != 3:
             raise ExportError("MASK on a fold other than online aggregation")
         proof = f"intros. {facts_s}\n  derivc_congr."
-        thm = "sumTo_guard_trunc"
     else:
         lemma = "sumTo_guard_trunc" if site.op == "sum" else "maxTo_trunc"
         K = a[2][0]
         proof = (f"intros.\n  etransitivity.\n  {{ apply ({lemma} ({_c(b[2][0])}) ({_c(K)}) ({_c(_lam_of(b))})).\n"
                  f"    - intros j Hj1 Hj2. {facts_s} {kill}.\n    - lia. }}\n  derivc_congr.")
-        thm = lemma
     ob = _ob(rec, "sumTo_guard_trunc", checked=(
         "the iterations beyond the new bound are fully masked: they add zero (sum), -inf (max) or "
         "leave the online-aggregation state (m, l, acc) unchanged (fold)"))

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from codegen.devtools import plans  # noqa: E402
-from codegen.plan import AttentionPlan, ContractionPlan  # noqa: E402
+from codegen.plan import ContractionPlan  # noqa: E402
 from codegen.render import render  # noqa: E402
 from codegen.devtools.nvcc import compile_nvcc  # noqa: E402
 
@@ -228,7 +228,7 @@ def main() -> int:
     if "bench" in steps:
         try:
             rows = bench()
-        except Exception as e:  # keep the rest of the report
+        except Exception:  # keep the rest of the report
             import traceback
             log("bench failed: " + traceback.format_exc()[-1500:])
     if "sanitize" in steps:

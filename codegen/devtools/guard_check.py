@@ -15,7 +15,6 @@ both template sets and with the guard flags off (the old 'unguarded' numbers), i
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 
