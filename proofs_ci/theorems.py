@@ -78,16 +78,20 @@ def _lean_dir(root: Path) -> Path:
 
 # ----------------------------------------------------------------------------- comments
 
-def strip_coq_comments(text: str) -> str:
-    """Remove (nested) Coq comments and string literals, keeping line structure."""
+def _strip_comments(text: str, open_: str, close: str, line: str | None, backslash_escapes: bool) -> str:
+    """Remove (nested) block comments, optional line comments and string literals, keeping the
+    line structure (newlines inside removed parts stay)."""
     out: list[str] = []
     i, depth, n = 0, 0, len(text)
     in_str = False
     while i < n:
         c = text[i]
         if in_str:
+            if backslash_escapes and c == "\\":
+                i += 2
+                continue
             if c == '"':
-                if i + 1 < n and text[i + 1] == '"':
+                if not backslash_escapes and text.startswith('""', i):  # Coq's doubled quote
                     i += 2
                     continue
                 in_str = False
@@ -95,11 +99,11 @@ def strip_coq_comments(text: str) -> str:
                 out.append(c)
             i += 1
             continue
-        if text.startswith("(*", i):
+        if text.startswith(open_, i):
             depth += 1
             i += 2
             continue
-        if depth and text.startswith("*)", i):
+        if depth and text.startswith(close, i):
             depth -= 1
             i += 2
             continue
@@ -108,46 +112,7 @@ def strip_coq_comments(text: str) -> str:
                 out.append(c)
             i += 1
             continue
-        if c == '"':
-            in_str = True
-            i += 1
-            continue
-        out.append(c)
-        i += 1
-    return "".join(out)
-
-
-def strip_lean_comments(text: str) -> str:
-    """Remove Lean line comments, (nested) block/doc comments and string literals."""
-    out: list[str] = []
-    i, depth, n = 0, 0, len(text)
-    in_str = False
-    while i < n:
-        c = text[i]
-        if in_str:
-            if c == "\\":
-                i += 2
-                continue
-            if c == '"':
-                in_str = False
-            elif c == "\n":
-                out.append(c)
-            i += 1
-            continue
-        if text.startswith("/-", i):
-            depth += 1
-            i += 2
-            continue
-        if depth and text.startswith("-/", i):
-            depth -= 1
-            i += 2
-            continue
-        if depth:
-            if c == "\n":
-                out.append(c)
-            i += 1
-            continue
-        if text.startswith("--", i):
+        if line is not None and text.startswith(line, i):
             j = text.find("\n", i)
             i = n if j < 0 else j
             continue
@@ -158,6 +123,16 @@ def strip_lean_comments(text: str) -> str:
         out.append(c)
         i += 1
     return "".join(out)
+
+
+def strip_coq_comments(text: str) -> str:
+    """Remove (nested) Coq comments and string literals, keeping line structure."""
+    return _strip_comments(text, "(*", "*)", None, backslash_escapes=False)
+
+
+def strip_lean_comments(text: str) -> str:
+    """Remove Lean line comments, (nested) block/doc comments and string literals."""
+    return _strip_comments(text, "/-", "-/", "--", backslash_escapes=True)
 
 
 # ----------------------------------------------------------------------------- files
