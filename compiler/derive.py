@@ -86,6 +86,11 @@ class Derivation:
 # --------------------------------------------------------------------------- JSON-safe facts
 
 
+# Facts a rule keeps for its rewrite and for the obligation exporter (IR nodes, matched
+# parts), not for the reader: left out of derivation.json and report.md.
+INTERNAL_FACTS = frozenset({"site", "parts", "pattern", "bounds"})
+
+
 def json_safe(x: Any) -> Any:
     """Facts and parameters as JSON values: IR nodes printed, tuples as lists."""
     if x is None or isinstance(x, (bool, int, str)):
@@ -253,7 +258,7 @@ def derive(
                 rule=rule.name,
                 kind=rule.kind,
                 params=json_safe(raw),
-                facts=json_safe(facts),
+                facts=json_safe({k: v for k, v in facts.items() if k not in INTERNAL_FACTS}),
                 theorem=theorem,
                 before_hash=prog.digest(),
                 after_hash=new.digest(),

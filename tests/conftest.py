@@ -125,7 +125,7 @@ class IdentityRule(Rule):
 
     def check(self, prog: Program, params: Any) -> dict[str, Any]:
         d = prog.def_named(prog.output)
-        return {"def": prog.output, "site": d.body, "loops": tuple(lp.var for lp in d.loops)}
+        return {"def": prog.output, "body": d.body, "site": d.body, "loops": tuple(lp.var for lp in d.loops)}
 
     def rewrite(self, prog: Program, params: Any, facts: dict[str, Any]) -> Program:
         return replace(prog)

@@ -86,7 +86,8 @@ def test_build_with_test_rules(spec: Path, tmp_path: Path, test_rules):
     trace = json.loads((out / "derivation.json").read_text())
     assert [s["numeric"]["seed"] for s in trace["steps"]] == [11, 12]
     assert trace["steps"][0]["facts"]["loops"] == ["i", "j"]  # tuples become lists
-    assert isinstance(trace["steps"][0]["facts"]["site"], str)  # IR nodes are printed
+    assert isinstance(trace["steps"][0]["facts"]["body"], str)  # IR nodes are printed
+    assert "site" not in trace["steps"][0]["facts"]  # internal facts stay out of the trace
     assert (out / "steps" / "02_test_identity.txt").exists()
 
 
