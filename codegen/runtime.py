@@ -52,6 +52,31 @@ class _View:
     device: int
 
 
+def load_module(ks: KernelSource, cubin: Optional[bytes]):
+    """(CuPy module, kernel function) from a cubin (or, when b"", CuPy's NVRTC), with the dynamic
+    shared-memory limit raised to what the kernel needs."""
+    import cupy  # lazy
+
+    cubin = cubin if cubin is not None else compile_source(ks)
+    if cubin:
+        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+            f.write(cubin)
+            path = f.name
+        try:
+            module = cupy.RawModule(path=path)
+            fn = module.get_function(ks.entry)
+        finally:
+            os.unlink(path)
+    else:
+        opts = tuple(o for o in ks.options
+                     if not (o.startswith("-arch") or o.startswith("--gpu-architecture")))
+        module = cupy.RawModule(code=ks.source, options=opts, backend="nvrtc")
+        fn = module.get_function(ks.entry)
+    if ks.smem_bytes > 48 * 1024:
+        fn.max_dynamic_shared_size_bytes = ks.smem_bytes
+    return module, fn
+
+
 class CompiledKernel:
     """A plan's kernel, loaded and callable: out = kernel(*inputs)."""
 
@@ -59,7 +84,7 @@ class CompiledKernel:
                  tma_cubin: Optional[bytes] = None):
         self.plan = plan
         self.ks = source if source is not None else render(plan)
-        self.module, self.fn = self._load(self.ks, cubin)
+        self.module, self.fn = load_module(self.ks, cubin)
         self._ins = inputs(plan)
         self._out = output(plan)
         # MAP-MMA to wgmma: the warp-specialized TMA variant runs when sizes and pointers allow
@@ -68,30 +93,8 @@ class CompiledKernel:
         self._maps: dict[tuple, Any] = {}
         if isinstance(plan, ContractionPlan) and plan.mma == "wgmma":
             ks_tma = render(plan, tma=True)
-            self.tma = (ks_tma,) + self._load(ks_tma, tma_cubin)
+            self.tma = (ks_tma,) + load_module(ks_tma, tma_cubin)
 
-    @staticmethod
-    def _load(ks: KernelSource, cubin: Optional[bytes]):
-        import cupy  # lazy
-
-        cubin = cubin if cubin is not None else compile_source(ks)
-        if cubin:
-            with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-                f.write(cubin)
-                path = f.name
-            try:
-                module = cupy.RawModule(path=path)
-                fn = module.get_function(ks.entry)
-            finally:
-                os.unlink(path)
-        else:
-            opts = tuple(o for o in ks.options
-                         if not (o.startswith("-arch") or o.startswith("--gpu-architecture")))
-            module = cupy.RawModule(code=ks.source, options=opts, backend="nvrtc")
-            fn = module.get_function(ks.entry)
-        if ks.smem_bytes > 48 * 1024:
-            fn.max_dynamic_shared_size_bytes = ks.smem_bytes
-        return module, fn
 
     def _tensor_maps(self, cupy, dev: int, key: tuple, encode) -> int:
         """Device address of the TMA tensor maps for these inputs and sizes, encoded on the host

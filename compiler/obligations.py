@@ -315,7 +315,7 @@ def ob_reorder(rec, before: Program, after: Program) -> Obligation:
     if not (isinstance(site, Reduce) and isinstance(site.body, Reduce) and site.body.op == site.op
             and site.op == "sum"):
         ob = _ob(rec, "sumTo_swap", status="partial", checked=(
-            "no exchange theorem applies to this site (not two nested reductions of one operator): "
+            "no exchange theorem applies to this site (only two directly nested sums have one): "
             "stated as before = after, proved only if the terms agree"))
         ob.thms.append(_eq_thm(_thm_name(rec), ex, b, a, hyps, "intros.\n  derivc_congr."))
         ob.before, ob.after = _c(b), _c(a)
@@ -323,10 +323,7 @@ def ob_reorder(rec, before: Program, after: Program) -> Obligation:
     outer_lam = _lam_of(b)
     inner = outer_lam[2]
     fn = ("lam", [outer_lam[1][0]] + _lam_of(inner)[1], _lam_of(inner)[2])
-    if site.op != "sum":
-        thm = "maxTo_swap"
-    else:
-        thm = "sumTo_swap"
+    thm = "sumTo_swap"
     inst = f"{thm} ({_c(b[2][0])}) ({_c(inner[2][0])}) ({_c(fn)})"
     proof = f"intros.\n  etransitivity.\n  {{ exact ({inst}). }}\n  derivc_congr."
     ob = _ob(rec, thm, checked="the two nested reductions commute (finite Fubini)")

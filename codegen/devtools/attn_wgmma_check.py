@@ -15,10 +15,8 @@ with triton.testing.do_bench medians over rotating inputs; a compact table is pr
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -26,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from codegen.devtools.plans import attention  # noqa: E402
+from codegen.devtools.cubins import cubin_name, load_prebuilt  # noqa: E402
 from codegen.plan import AttentionPlan  # noqa: E402
 from codegen.render_attn_wgmma import (encode_attn_tensor_maps, launch_config_attn_wgmma,  # noqa: E402
                                        render_attn_wgmma)
@@ -60,10 +59,6 @@ def variants() -> dict[str, tuple[AttentionPlan, bool]]:
     return v
 
 
-def _key(ks) -> str:
-    return hashlib.sha256((ks.source + "\0".join(ks.options)).encode()).hexdigest()[:16]
-
-
 def build(dirpath: Path) -> int:
     """Compile every variant here (NVRTC, sm_90a) into dirpath; print resources and SASS counts."""
     from codegen import sass
@@ -73,7 +68,7 @@ def build(dirpath: Path) -> int:
     for name, (plan, ov) in variants().items():
         ks = render_attn_wgmma(plan, overlap=ov)
         r = compile_cubin(ks.source, ks.entry, tuple(ks.options) + ("-Xptxas=-v",))
-        (dirpath / f"{ks.entry}-{_key(ks)}.cubin").write_bytes(r.cubin)
+        (dirpath / cubin_name(ks)).write_bytes(r.cubin)
         rep = sass.disassemble(r.cubin, ptxas_log=r.log)
         res = rep.resources.get(ks.entry)
         warn = [w for w in ("C7513", "C7515", "C7508", "C7510") if w in r.log]
@@ -87,8 +82,6 @@ def build(dirpath: Path) -> int:
 
 class Kernels:
     def __init__(self):
-        import cupy
-        self.cupy = cupy
         self.fns: dict[str, tuple] = {}
         self.info: dict[str, str] = {}
 
@@ -96,18 +89,7 @@ class Kernels:
         if name in self.fns:
             return self.fns[name]
         ks = render_attn_wgmma(plan, overlap=overlap)
-        pre = Path(os.environ.get("AW_CUBINS", ROOT / ".attncubins")) / f"{ks.entry}-{_key(ks)}.cubin"
-        if pre.exists():
-            cubin, how = pre.read_bytes(), "prebuilt"
-        else:
-            from codegen.nvrtc import compile_cubin
-            cubin, how = compile_cubin(ks.source, ks.entry, ks.options).cubin, "nvrtc"
-        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-            f.write(cubin)
-        mod = self.cupy.RawModule(path=f.name)
-        fn = mod.get_function(ks.entry)
-        fn.max_dynamic_shared_size_bytes = ks.smem_bytes
-        os.unlink(f.name)
+        mod, fn, how = load_prebuilt(ks, Path(os.environ.get("AW_CUBINS", ROOT / ".attncubins")))
         self.fns[name] = (mod, fn, ks)
         self.info[name] = f"{how}, regs {fn.num_regs}, smem {ks.smem_bytes}, threads {ks.threads}"
         return self.fns[name]

@@ -13,10 +13,8 @@ triton.testing.do_bench (median), rotating over several input sets. Prints a tab
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -24,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from codegen.devtools.plans import gemm  # noqa: E402
+from codegen.devtools.cubins import cubin_name, load_prebuilt  # noqa: E402
 from codegen.plan import ContractionPlan  # noqa: E402
 from codegen.render_wgmma import (encode_tensor_maps, launch_config_wgmma, render_wgmma,  # noqa: E402
                                   tma_supported)
@@ -76,10 +75,6 @@ def is_tma(name: str) -> bool:
     return name.startswith("wt_")
 
 
-def _key(ks) -> str:
-    return hashlib.sha256((ks.source + "\0".join(ks.options)).encode()).hexdigest()[:16]
-
-
 def build(dirpath: Path) -> None:
     """Compile every variant here (NVRTC, sm_90a) into dirpath; print resources and SASS counts."""
     from codegen import sass
@@ -88,7 +83,7 @@ def build(dirpath: Path) -> None:
     for name, plan in variants().items():
         ks = render_wgmma(plan, tma=is_tma(name))
         r = compile_cubin(ks.source, ks.entry, tuple(ks.options) + ("-Xptxas=-v",))
-        (dirpath / f"{ks.entry}-{_key(ks)}.cubin").write_bytes(r.cubin)
+        (dirpath / cubin_name(ks)).write_bytes(r.cubin)
         rep = sass.disassemble(r.cubin, ptxas_log=r.log)
         res = rep.resources.get(ks.entry)
         warn = "C7515" in r.log or "C7508" in r.log
@@ -99,8 +94,6 @@ def build(dirpath: Path) -> None:
 
 class Kernels:
     def __init__(self):
-        import cupy
-        self.cupy = cupy
         self.fns: dict[str, tuple] = {}
         self.info: dict[str, str] = {}
 
@@ -108,18 +101,7 @@ class Kernels:
         if name in self.fns:
             return self.fns[name]
         ks = render_wgmma(plan, tma=is_tma(name))
-        pre = Path(os.environ.get("WG_CUBINS", ROOT / ".wgcubins")) / f"{ks.entry}-{_key(ks)}.cubin"
-        if pre.exists():
-            cubin, how = pre.read_bytes(), "prebuilt"
-        else:
-            from codegen.nvrtc import compile_cubin
-            cubin, how = compile_cubin(ks.source, ks.entry, ks.options).cubin, "nvrtc"
-        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-            f.write(cubin)
-        mod = self.cupy.RawModule(path=f.name)
-        fn = mod.get_function(ks.entry)
-        fn.max_dynamic_shared_size_bytes = ks.smem_bytes
-        os.unlink(f.name)
+        mod, fn, how = load_prebuilt(ks, Path(os.environ.get("WG_CUBINS", ROOT / ".wgcubins")))
         self.fns[name] = (mod, fn, ks)
         self.info[name] = f"{how}, regs {fn.num_regs}, smem {ks.smem_bytes}"
         return self.fns[name]
