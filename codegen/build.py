@@ -1,11 +1,17 @@
-"""`derivc build`'s codegen stage: final program → plan → kernel.cu → cubin → SASS promises.
+"""`derivc build`'s codegen stage: final program → kernel IR → checked → printed → cubin → SASS.
 
-Writes into the build directory: `plan.json` (what the lowering read off the derivation),
-`kernel.cu`, and where NVRTC is present `kernel.cubin`, `compile.log` and `sass.json` with
-the promises the schedule made (tensor-core instructions where MAP-MMA was applied, async
-copies where CACHE asked for a pipeline, no local-memory spills in tensor-core kernels).
-A broken promise fails the build.  A program with no CUDA lowering (e.g. the naive 3-pass
-attention branch) is reported in `codegen.txt` and the build still succeeds.
+1. `lower`: the final program becomes a kernel IR (codegen.lower, total or refused by name).
+2. `lowering` step: the kernel-IR interpreter is compared with the final program's interpreter at
+   the derivation's check sizes on fresh random inputs (≤ 1e-12); recorded as the last step of
+   derivation.json and report.md.  A mismatch stops the build (exit 3).
+3. The mapping registry prints the kernel IR (SIMT, mma.sync, wgmma + TMA); the printer's
+   instruction choices go to plan.json, the kernel IR to kir.txt.
+4. NVRTC compiles each variant; the SASS must keep the schedule's promises (tensor-core
+   instructions where MAP-MMA was applied, async copies where CACHE asked for a pipeline, no
+   local-memory spills in tensor-core kernels).
+
+Every failure raises `CodegenError` (the CLI exits 3 with its one-line reason): a build that
+cannot produce a kernel never looks like one that did.
 """
 from __future__ import annotations
 
@@ -14,72 +20,94 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .lower import LoweringError, UnsupportedMapping, lower_to_plan
-from .plan import AttentionPlan, ContractionPlan, Plan, inputs
+from compiler.ir import Program
+
+from .kir import Kernel, show_kernel
+from .kir_interp import KirError, validate
+from .lower import LoweringError, lower
+from .mappings import Printed, print_kernel
+from .source import KernelSource
+
+TOLERANCE = 1e-12
+LOWERING_SEED_OFFSET = 1000  # the lowering check's seed: base seed + number of steps + this
 
 
 class CodegenError(Exception):
-    """The kernel failed to compile or broke a promise of its schedule."""
+    """No kernel: the program has no kernel IR, the kernel IR disagrees with the program, no
+    mapping prints it, it failed to compile, or it broke a promise of its schedule."""
 
 
-def plan_json(plan: Plan) -> dict[str, Any]:
-    out = dataclasses.asdict(plan)
-    out["family"] = "contraction" if isinstance(plan, ContractionPlan) else "online_fold"
-    return out
-
-
-def plan_from_json(data: dict[str, Any]) -> Plan:
-    from .plan import GridAxis, Operand
-
-    data = dict(data)
-    family = data.pop("family")
-    for key in ("a", "b", "c", "q", "k", "v", "o"):
-        if isinstance(data.get(key), dict):
-            data[key] = Operand(**{**data[key], "dims": tuple(data[key]["dims"])})
-    data["grid"] = tuple(GridAxis(**g) for g in data["grid"])
-    data["fixed"] = tuple(tuple(x) for x in data["fixed"])
-    for key in ("dynamic", "batch"):
-        data[key] = tuple(data[key])
-    cls = ContractionPlan if family == "contraction" else AttentionPlan
-    return cls(**data)
-
-
-def promises(plan: Plan) -> dict[str, Any]:
-    """What the schedule promised about the machine code."""
-    staged = [op for op in inputs(plan) if op.level == "shared"]
-    return {
-        "expect_mma": plan.mma,
-        "expect_async_copy": bool(staged) and plan.stages > 1,
-        "forbid_spills": plan.mma is not None,
-    }
-
-
-def emit(derivation: Any, outdir: Path) -> dict[str, Any]:
-    """Lower, render, compile and check the final program of a derivation into outdir."""
-    outdir = Path(outdir)
+def lower_checked(program: Program, name: str, sizes: dict[str, int], seed: int) -> tuple[Kernel, dict[str, Any]]:
+    """The kernel IR of the final program and the record of its translation validation."""
     try:
-        plan = lower_to_plan(derivation.final, derivation.spec.name)
+        kernel = lower(program, name)
+    except LoweringError as exc:
+        raise CodegenError(f"lowering: {exc}") from None
+    try:
+        check = validate(kernel, program, sizes, seed)
+    except KirError as exc:
+        raise CodegenError(f"lowering: the kernel IR is not well formed: {exc}") from None
+    ok = check["rel_error"] <= TOLERANCE
+    record = {
+        "index": None, "rule": "lowering", "kind": "LOWERING", "params": {}, "theorem": None,
+        "facts": {"kernel": kernel.name, "grid": [f"{g.var} < {g.ext} @{g.axis}" for g in kernel.grid],
+                  "lanes": [f"{ln.var} < {ln.extent}" for ln in kernel.lanes]},
+        "validated": "numerically: kernel-IR interpreter vs the final program (no proof export yet)",
+        "numeric": {**check, "tolerance": TOLERANCE, "passed": ok},
+    }
+    if not ok:
+        raise CodegenError(f"lowering: the kernel IR disagrees with the final program at {sizes} "
+                           f"(seed {seed}): relative error {check['rel_error']:.3g} > {TOLERANCE}")
+    return kernel, record
+
+
+def lowering_seed(derivation: Any) -> int:
+    return int(derivation.seed or 0) + len(derivation.steps) + LOWERING_SEED_OFFSET
+
+
+def prepare(derivation: Any) -> tuple[Kernel, dict[str, Any]]:
+    """Lower and validate a derivation's final program; stores the record on the derivation so
+    that derivation.json and report.md carry the `lowering` step."""
+    kernel, record = lower_checked(derivation.final, derivation.spec.name, dict(derivation.check_sizes),
+                                   lowering_seed(derivation))
+    record["index"] = len(derivation.steps) + 1
+    derivation.lowering = record
+    return kernel, record
+
+
+def plan_json(printed: Printed) -> dict[str, Any]:
+    plan = dataclasses.asdict(printed.plan) if printed.plan is not None else None
+    return {"mapping": printed.mapping, "plan": plan,
+            "variants": [{"stem": v.stem, "entry": v.source.entry, "threads": v.launch.threads,
+                          "smem_bytes": v.launch.smem_bytes, "args": list(v.launch.tensor_args + v.launch.size_args
+                                                                           + v.launch.extras)}
+                         for v in printed.variants]}
+
+
+def emit(derivation: Any, outdir: Path, kernel: Kernel | None = None) -> dict[str, Any]:
+    """Lower (unless given the kernel IR), print, compile and check the final program into outdir."""
+    outdir = Path(outdir)
+    if kernel is None:
+        kernel, _ = prepare(derivation)
+    (outdir / "kir.txt").write_text(show_kernel(kernel))
+    from .ctx_common import DEFAULT_OPTIONS
+    from .lower import UnsupportedMapping
+
+    try:
+        printed = print_kernel(kernel, DEFAULT_OPTIONS)
     except UnsupportedMapping as exc:
         raise CodegenError(str(exc)) from None
-    except LoweringError as exc:
-        (outdir / "codegen.txt").write_text(f"no CUDA kernel: {exc}\n")
-        return {"kernel": None, "reason": str(exc)}
-    (outdir / "plan.json").write_text(json.dumps(plan_json(plan), indent=2) + "\n")
-    variants = [("kernel", False)]
-    if isinstance(plan, ContractionPlan) and plan.mma == "wgmma":
-        variants.append(("kernel_tma", True))  # warp-specialized TMA variant, chosen at launch
-    result: dict[str, Any] = {}
-    for stem, tma in variants:
-        result[stem] = _emit_one(plan, outdir, stem, tma)
+    (outdir / "plan.json").write_text(json.dumps(plan_json(printed), indent=2) + "\n")
+    result: dict[str, Any] = {"mapping": printed.mapping}
+    for v in printed.variants:
+        result[v.stem] = _emit_one(v.source, printed.promises, outdir, v.stem)
     return result
 
 
-def _emit_one(plan: Plan, outdir: Path, stem: str, tma: bool) -> dict[str, Any]:
-    """Render, compile and check one kernel source: STEM.cu, STEM.cubin, STEM.log, STEM.sass.json."""
+def _emit_one(ks: KernelSource, promised: dict[str, Any], outdir: Path, stem: str) -> dict[str, Any]:
+    """Compile and check one kernel source: STEM.cu, STEM.cubin, STEM.log, STEM.sass.json."""
     from .nvrtc import CompileError, compile_cubin, nvrtc_available
-    from .render import render
 
-    ks = render(plan, tma=tma)
     (outdir / f"{stem}.cu").write_text(ks.source)
     result: dict[str, Any] = {"kernel": ks.entry, "threads": ks.threads, "smem_bytes": ks.smem_bytes,
                               "options": list(ks.options)}
@@ -92,7 +120,9 @@ def _emit_one(plan: Plan, outdir: Path, stem: str, tma: bool) -> dict[str, Any]:
         comp = compile_cubin(ks.source, ks.entry, tuple(ks.options) + ("-Xptxas=-v",))
     except CompileError as exc:
         (outdir / log_name).write_text(exc.log)
-        raise CodegenError(f"NVRTC failed to compile {stem}.cu ({ks.entry}): {str(exc).splitlines()[0]}") from None
+        errors = [ln for ln in exc.log.splitlines() if "error" in ln][:3]
+        raise CodegenError(f"NVRTC failed to compile {stem}.cu ({ks.entry}): "
+                           + ("; ".join(errors) or str(exc).splitlines()[0])) from None
     (outdir / f"{stem}.cubin").write_bytes(comp.cubin)
     (outdir / log_name).write_text(comp.log)
     result["compiled"] = True
@@ -104,7 +134,6 @@ def _emit_one(plan: Plan, outdir: Path, stem: str, tma: bool) -> dict[str, Any]:
     except Exception as exc:  # disassembler missing: the cubin still stands
         (outdir / sass_name).write_text(json.dumps({"error": str(exc)}) + "\n")
         return result
-    promised = promises(plan)
     violations = check_promises(report, **promised)
     sass = {
         "promises": promised, "violations": violations, "hmma": report.has_hmma, "hgmma": report.has_hgmma,

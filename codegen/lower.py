@@ -1,251 +1,225 @@
-"""Final IR → KernelPlan (trusted, tested): read off what the derivation decided.
+"""Final derivation program → kernel IR, totally: every construct is translated or refused.
 
-The lowering re-decides nothing: tile sizes come from the tiled store indices and reduction
-extents, the grid from PARALLEL's grid loops, warps from PARALLEL's warp counts, staging
-levels and pipeline depth from CACHE bindings, tensor cores from MAP-MMA facts, guards from the
-guards TILE and the spec put in, tile skipping from MASK.  It only recognises two program
-shapes and refuses anything else with a `LoweringError` that says what it expected:
+The translation is structural, never by names:
 
-- contraction: one definition C[.., m, n] = sum over k of a product of two operand reads;
-- online fold:  one definition O[.., i, d] = the ONLINE-AGG fold of an attention spec.
+- the definition's loops mapped to the grid (PARALLEL) become the grid; every other loop is a
+  lane dimension of the block's output tile and needs a fixed extent (TILE made it one);
+- a `Let` at a statement position becomes a `Stage` (a CACHE copy of a tensor) or a `Compute`
+  (a register tile), with its dimensions, level and stages;
+- a `Fold` becomes a `TileLoop` whose state, initial values and updates are the fold's own
+  expressions (the ONLINE-AGG rescale is carried as written, never re-derived);
+- a sum / max whose body stages tiles becomes a `TileLoop` with one accumulator state;
+- every other expression, guard, index map and constant is carried unchanged.
+
+Anything with no kernel-IR form — several definitions, a dynamic extent inside a block, a
+softmax that was never split, a binding inside an arithmetic expression that depends on a
+reduction index — stops the build with a `LoweringError` naming the construct.
 """
 from __future__ import annotations
 
 import re
 
 from compiler.ir import (
-    Aff, Bin, Binding, Const, Def, Expr, Fold, Let, Program, Read, Reduce, Select, walk,
+    AccFact, Aff, Bin, Binding, Const, Def, Expr, Ext, Fold, Let, Program, Read, Reduce, Select, Softmax,
+    Un, walk,
 )
+from compiler.printer import show_expr
 
-from .plan import AttentionPlan, ContractionPlan, GridAxis, Operand, Plan, check_plan
+from .kir import Buffer, Compute, GridDim, Kernel, LaneDim, Stage, State, Stmt, Store, TensorArg, TileLoop
+
+BINARY_OPS = ("+", "-", "*", "/", "max", "rescale")
+UNARY_OPS = ("exp", "neg")
+REDUCTIONS = {"sum": 0.0, "max": float("-inf")}
 
 
 class LoweringError(Exception):
-    """The final program has no CUDA lowering (shape not recognised or facts missing)."""
+    """The final program has no kernel-IR form; the message names the construct."""
 
 
 class UnsupportedMapping(LoweringError):
-    """The program has a lowering, but not with the hardware mapping its schedule asked for."""
-
-
-def _strip_lets(e: Expr) -> tuple[Expr, list[Binding]]:
-    binds: list[Binding] = []
-    while isinstance(e, Let):
-        binds.append(e.bind)
-        e = e.body
-    return e, binds
-
-
-def _unguard(e: Expr) -> Expr:
-    while isinstance(e, Select) and e.other == Const(0.0):
-        e = e.then
-    return e
-
-
-def _all_bindings(e: Expr) -> dict[str, Binding]:
-    out: dict[str, Binding] = {}
-    for x in walk(e):
-        if isinstance(x, Let):
-            out[x.bind.name] = x.bind
-        if isinstance(x, Fold):
-            for b in x.binds:
-                out[b.name] = b
-    return out
-
-
-def _grid(d: Def) -> tuple[GridAxis, ...]:
-    """Grid axes: each grid loop with the dimension it enumerates and its tile."""
-    axes = []
-    for lp in d.loops:
-        if lp.mapping is None or lp.mapping.level != "grid":
-            continue
-        pos = [k for k, a in enumerate(d.store) if a.coef(lp.var)]
-        if len(pos) != 1:
-            raise LoweringError(f"grid loop {lp.var} must index exactly one output dimension")
-        tile = d.store[pos[0]].coef(lp.var)
-        dim = d.type.dims[pos[0]]
-        axes.append(GridAxis(lp.var, _dim_name(dim), tile, lp.mapping.axis))
-    return tuple(axes)
-
-
-def _dim_name(a: Aff) -> str:
-    if len(a.terms) != 1 or a.terms[0][1] != 1 or a.const:
-        raise LoweringError(f"dimension {a} is not a plain size name")
-    return a.terms[0][0]
-
-
-def _operand(prog: Program, name: str, level: str) -> Operand:
-    t = prog.tensor_type(name)
-    return Operand(name, tuple(_dim_name(a) for a in t.dims), t.dtype, level)
-
-
-def _source(read: Read, binds: dict[str, Binding]) -> tuple[str, str, int]:
-    """(source tensor, level, stages) of an operand read, through a CACHE buffer if any."""
-    if read.tensor in binds:
-        b = binds[read.tensor]
-        if not b.source:
-            raise LoweringError(f"operand {read.tensor} is computed, not read from a tensor")
-        return b.source, b.level, b.stages
-    return read.tensor, "global", 1
-
-
-def _warp_counts(d: Def) -> dict[str, int]:
-    return {lp.var: (lp.mapping.count or 1) for lp in d.loops if lp.mapping and lp.mapping.level == "warp"}
-
-
-def _fixed_dynamic(prog: Program, names: set[str]) -> tuple[tuple[tuple[str, int], ...], tuple[str, ...]]:
-    fixed = tuple((n, v) for n, v in prog.sizes if v is not None and n in names)
-    dynamic = tuple(n for n, v in prog.sizes if v is None and n in names)
-    return fixed, dynamic
+    """The kernel IR exists, but no printer implements it with the mapping the schedule asked for."""
 
 
 def kernel_name(spec_name: str) -> str:
     return "derivc_" + re.sub(r"\W", "_", spec_name)
 
 
-def lower_to_plan(prog: Program, name: str) -> Plan:
-    """The kernel plan of a final program; LoweringError when it has no CUDA lowering."""
+def _short(e: Expr) -> str:
+    text = " ".join(show_expr(e).split())
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+class _Lowering:
+    def __init__(self, prog: Program, d: Def):
+        self.prog = prog
+        self.d = d
+        self.taken: set[str] = set()
+        for x in walk(d.body):
+            if isinstance(x, Let):
+                self.taken.add(x.bind.name)
+            if isinstance(x, Fold):
+                self.taken |= set(x.state) | {b.name for b in x.binds}
+
+    def fresh(self, base: str) -> str:
+        name, k = base, 2
+        while name in self.taken:
+            name, k = f"{base}{k}", k + 1
+        self.taken.add(name)
+        return name
+
+    # ----------------------------------------------------------------- statements
+    def buffer(self, b: Binding) -> Buffer:
+        dims = []
+        for v, x in b.dims:
+            n = fixed_extent(x, self.prog)
+            if n is None:
+                raise LoweringError(f"buffer {b.name}: extent {x} of {v} is not a fixed tile size")
+            dims.append((v, n))
+        if b.level not in ("register", "shared", "global"):
+            raise LoweringError(f"buffer {b.name}: unknown memory level {b.level!r}")
+        return Buffer(b.name, tuple(dims), b.level, b.stages, b.source)
+
+    def binding(self, b: Binding) -> tuple[list[Stmt], Stmt]:
+        pre, value = self.expr(b.value, inside_dims=bool(b.dims))
+        buf = self.buffer(b)
+        if b.source:
+            reads = {x.tensor for x in walk(value) if isinstance(x, Read)}
+            if reads != {b.source}:
+                raise LoweringError(f"buffer {b.name} caches {b.source} but its value reads {sorted(reads)}")
+            return pre, Stage(buf, value)
+        return pre, Compute(buf, value)
+
+    def expr(self, e: Expr, inside_dims: bool = False) -> tuple[list[Stmt], Expr]:
+        """Statements to run first, and the lane-level value of e."""
+        if isinstance(e, (Const, Read)):
+            if isinstance(e, Const) and not isinstance(e.value, (int, float)):
+                raise LoweringError(f"constant {e!r} is not a number")
+            return [], e
+        if isinstance(e, Let):
+            if inside_dims:
+                raise LoweringError(f"binding {e.bind.name} sits inside a buffer's value: {_short(e)}")
+            pre, stmt = self.binding(e.bind)
+            rest, value = self.expr(e.body)
+            return pre + [stmt] + rest, value
+        if isinstance(e, Fold):
+            if inside_dims:
+                raise LoweringError(f"fold over {e.var} sits inside a buffer's value")
+            return self.fold(e)
+        if isinstance(e, Reduce):
+            if e.op not in REDUCTIONS:
+                raise LoweringError(f"reduction {e.op!r} has no kernel-IR form")
+            if any(isinstance(x, (Let, Fold)) for x in walk(e.body)):
+                if inside_dims:
+                    raise LoweringError(f"staged reduction over {e.var} sits inside a buffer's value")
+                return self.tile_loop(e)
+            self.check_pure(e.body)
+            return [], e
+        if isinstance(e, Softmax):
+            raise LoweringError(f"softmax over {e.var} has no kernel-IR form (derive it with split_softmax "
+                                f"and online_agg first): {_short(e)}")
+        if isinstance(e, Bin):
+            if e.op not in BINARY_OPS:
+                raise LoweringError(f"operator {e.op!r} has no kernel-IR form: {_short(e)}")
+            pa, va = self.expr(e.a, inside_dims)
+            pb, vb = self.expr(e.b, inside_dims)
+            return pa + pb, Bin(e.op, va, vb)
+        if isinstance(e, Un):
+            if e.op not in UNARY_OPS:
+                raise LoweringError(f"function {e.op!r} has no kernel-IR form: {_short(e)}")
+            pa, va = self.expr(e.a, inside_dims)
+            return pa, Un(e.op, va)
+        if isinstance(e, Select):
+            pt, vt = self.expr(e.then, inside_dims)
+            po, vo = self.expr(e.other, inside_dims)
+            # statements hoisted out of a guarded branch run unguarded: values are pure, so sound
+            return pt + po, Select(e.conds, vt, vo)
+        raise LoweringError(f"expression {e!r} has no kernel-IR form")
+
+    def check_pure(self, e: Expr) -> None:
+        for x in walk(e):
+            if isinstance(x, Softmax):
+                raise LoweringError(f"softmax over {x.var} inside a reduction has no kernel-IR form")
+            if isinstance(x, Bin) and x.op not in BINARY_OPS:
+                raise LoweringError(f"operator {x.op!r} has no kernel-IR form")
+            if isinstance(x, Un) and x.op not in UNARY_OPS:
+                raise LoweringError(f"function {x.op!r} has no kernel-IR form")
+            if isinstance(x, Reduce) and x.op not in REDUCTIONS:
+                raise LoweringError(f"reduction {x.op!r} has no kernel-IR form")
+
+    def fold(self, f: Fold) -> tuple[list[Stmt], Expr]:
+        pre: list[Stmt] = []
+        inits = []
+        for x in f.init:
+            p, v = self.expr(x)
+            pre += p
+            inits.append(v)
+        body: list[Stmt] = []
+        for b in f.binds:
+            p, stmt = self.binding(b)
+            body += p + [stmt]
+        updates = []
+        for name, u in zip(f.state, f.update):
+            p, v = self.expr(u)
+            if p:
+                raise LoweringError(f"fold update of {name} stages a tile inside an expression: {_short(u)}")
+            updates.append(v)
+        if len(updates) != len(f.state) or len(inits) != len(f.state):
+            raise LoweringError(f"fold over {f.var}: {len(f.state)} states, {len(inits)} inits, {len(updates)} updates")
+        loop = TileLoop(f.var, f.ext, tuple(State(n, i, u) for n, i, u in zip(f.state, inits, updates)), tuple(body))
+        post, result = self.expr(f.result)
+        return pre + [loop] + post, result
+
+    def tile_loop(self, r: Reduce) -> tuple[list[Stmt], Expr]:
+        if r.mma is not None:
+            raise LoweringError(f"reduction over {r.var} stages tiles and is mapped to {r.mma.instr}: "
+                                "MAP-MMA applies to the inner tile product only")
+        body, value = self.expr(r.body)
+        acc = self.fresh(f"{r.op}_{r.var}")
+        update = Bin("+" if r.op == "sum" else "max", Read(acc, ()), value)
+        loop = TileLoop(r.var, r.ext, (State(acc, Const(REDUCTIONS[r.op]), update, r.acc or AccFact("register", "f32")),),
+                        tuple(body))
+        return [loop], Read(acc, ())
+
+
+def fixed_extent(x: Ext, prog: Program) -> int | None:
+    """The extent's value when it depends on fixed sizes only."""
+    for n, v in prog.sizes:
+        if v is not None:
+            x = x.subst(n, Aff.lit(v))
+    return x.const_value()
+
+
+def lower(prog: Program, name: str) -> Kernel:
+    """The kernel IR of a final program; `LoweringError` naming the construct it cannot translate."""
     if len(prog.defs) != 1:
         raise LoweringError(
             f"the program has {len(prog.defs)} definitions ({', '.join(d.name for d in prog.defs)}); "
-            "one kernel needs them fused into one"
+            "one kernel needs them fused into one (FUSE)"
         )
     d = prog.defs[0]
-    body, _ = _strip_lets(d.body)
-    plan: Plan
-    if isinstance(body, Fold):
-        plan = _lower_attention(prog, d, body, kernel_name(name))
-    elif isinstance(body, Reduce):
-        plan = _lower_contraction(prog, d, body, kernel_name(name))
-    else:
-        raise LoweringError("the definition is neither a contraction (sum of products) nor an online fold")
-    try:
-        check_plan(plan)
-    except ValueError as exc:
-        raise LoweringError(f"plan check failed: {exc}") from None
-    return plan
-
-
-def _tile_of(d: Def, pos: int) -> tuple[str | None, int, str | None]:
-    """(grid loop, tile, inner loop) of output position pos: store = tile*outer + inner."""
-    a = d.store[pos]
-    loops = {lp.var: lp for lp in d.loops}
-    grid = [(v, c) for v, c in a.terms if v in loops and loops[v].mapping and loops[v].mapping.level == "grid"]
-    inner = [(v, c) for v, c in a.terms if v in loops and (v, c) not in grid]
-    if len(grid) != 1 or len(inner) > 1:
-        raise LoweringError(f"output dimension {pos} ({a}) must be tiled with its tile loop mapped to the grid")
-    g, t = grid[0]
-    return g, t, (inner[0][0] if inner else None)
-
-
-def _lower_contraction(prog: Program, d: Def, outer: Reduce, kname: str) -> ContractionPlan:
-    if outer.op != "sum":
-        raise LoweringError("a contraction must be a sum")
-    inner_body, binds_here = _strip_lets(outer.body)
-    binds = _all_bindings(d.body)
-    if isinstance(inner_body, Reduce) and inner_body.op == "sum":
-        inner = inner_body
-        block_k = inner.ext.const_value()
-        if block_k is None:
-            raise LoweringError("the inner k tile must have a fixed extent")
-    else:
-        raise LoweringError("tile the reduction (k = BK*ko + ki) before lowering a contraction")
-    prod = _unguard(inner.body)
-    if not (isinstance(prod, Bin) and prod.op == "*" and isinstance(prod.a, Read) and isinstance(prod.b, Read)):
-        raise LoweringError("the inner reduction must be a product of two operand reads")
-    a_src, a_level, a_stages = _source(prod.a, binds)
-    b_src, b_level, b_stages = _source(prod.b, binds)
-    c = _operand(prog, d.name, "global")
-    a = _operand(prog, a_src, a_level)
-    b = _operand(prog, b_src, b_level)
-    m, n = c.dims[-2], c.dims[-1]
-    k = a.dims[-1]
-    if a.dims[-2] != m:
-        raise LoweringError(f"operand {a.name} must be [.., {m}, {k}]")
-    if b.dims[-2:] == (k, n):
-        b_t = False
-    elif b.dims[-2:] == (n, k):
-        b_t = True
-    else:
-        raise LoweringError(f"operand {b.name} must be [.., {k}, {n}] or [.., {n}, {k}]")
-    _, block_m, im = _tile_of(d, len(d.store) - 2)
-    _, block_n, jn = _tile_of(d, len(d.store) - 1)
-    warps = _warp_counts(d)
-    guard_names = set().union(*(cnd.names() for cnd in d.guard)) if d.guard else set()
-    fixed, dynamic = _fixed_dynamic(prog, set(a.dims) | set(b.dims) | set(c.dims))
-    sizes = dict(prog.sizes)
-    k_fixed = sizes.get(k)
-    return ContractionPlan(
-        kernel_name=kname, a=a, b=b, c=c, b_transposed=b_t, m=m, n=n, k=k,
-        batch=c.dims[:-2], fixed=fixed, dynamic=dynamic,
-        block_m=block_m, block_n=block_n, block_k=block_k,
-        warps_m=warps.get(im, 1), warps_n=warps.get(jn, 1),
-        stages=max(a_stages, b_stages), mma=inner.mma.instr if inner.mma else None,
-        acc_dtype=(outer.acc.dtype if outer.acc else "f32"),
-        guard_m=m in guard_names, guard_n=n in guard_names,
-        guard_k=k_fixed is None or k_fixed % block_k != 0,
-        grid=_grid(d), swizzle=inner.mma is not None,
-    )
-
-
-def _lower_attention(prog: Program, d: Def, fold: Fold, kname: str) -> AttentionPlan:
-    if len(fold.state) != 3 or len(fold.binds) < 3:
-        raise LoweringError("the fold is not an online aggregation (state m, l, acc)")
-    binds = _all_bindings(d.body)
-    score_tiles = [b for b in fold.binds if b.dims and not b.source]
-    if len(score_tiles) < 2:
-        raise LoweringError("the fold step has no register score / probability tiles")
-    s_bind = score_tiles[0]
-    s_val = s_bind.value
-    conds = s_val.conds if isinstance(s_val, Select) else ()
-    s_expr = s_val.then if isinstance(s_val, Select) else s_val
-    scale = 1.0
-    if isinstance(s_expr, Bin) and s_expr.op == "*" and isinstance(s_expr.a, Const):
-        scale, s_expr = s_expr.a.value, s_expr.b
-    if not (isinstance(s_expr, Reduce) and s_expr.op == "sum"):
-        raise LoweringError("the score tile must be (scale ·) a sum over the head dimension")
-    qk = _unguard(s_expr.body)
-    if not (isinstance(qk, Bin) and qk.op == "*" and isinstance(qk.a, Read) and isinstance(qk.b, Read)):
-        raise LoweringError("the score must be a product of a query read and a key read")
-    q_src, q_level, _ = _source(qk.a, binds)
-    k_src, k_level, k_stages = _source(qk.b, binds)
-    pv = [x for x in walk(fold.update[2]) if isinstance(x, Reduce)]
-    if len(pv) != 1:
-        raise LoweringError("the accumulator update must hold one sum (the P·V product)")
-    pv_prod = _unguard(pv[0].body)
-    if not (isinstance(pv_prod, Bin) and pv_prod.op == "*" and isinstance(pv_prod.b, Read)):
-        raise LoweringError("the accumulator update must be P · V")
-    v_src, v_level, v_stages = _source(pv_prod.b, binds)
-    q = _operand(prog, q_src, q_level)
-    k = _operand(prog, k_src, k_level)
-    v = _operand(prog, v_src, v_level)
-    o = _operand(prog, d.name, "global")
-    g_i, block_m, ii = _tile_of(d, len(d.store) - 2)
-    block_n = s_bind.dims[0][1].const_value()
-    if block_n is None:
-        raise LoweringError("the key tile must have a fixed extent")
-    seq_q, seq_k = o.dims[-2], k.dims[-2]
-    causal = any(
-        cnd.op == "<=" and cnd.rhs.coef(g_i) and not (cnd.rhs.names() & set(dict(prog.sizes)))
-        for cnd in conds
-    )
-    guard_kv = any(seq_k in cnd.rhs.names() for cnd in conds)
-    qk_mma = s_expr.mma.instr if s_expr.mma else None
-    pv_mma = pv[0].mma.instr if pv[0].mma else None
-    if qk_mma != pv_mma:
-        raise UnsupportedMapping("map both products (QKᵀ and P·V) to the same instruction, or neither")
-    p_read = pv_prod.a
-    p_in_regs = isinstance(p_read, Read) and p_read.tensor in binds and binds[p_read.tensor].level == "register"
-    warps = _warp_counts(d)
-    names = set(q.dims) | set(k.dims) | set(v.dims) | set(o.dims)
-    fixed, dynamic = _fixed_dynamic(prog, names)
-    head = dict(fixed).get(o.dims[-1])
-    if head is None:
-        raise LoweringError(f"the head dimension {o.dims[-1]} must be a fixed size")
-    return AttentionPlan(
-        kernel_name=kname, q=q, k=k, v=v, o=o, batch=o.dims[:-2], seq_q=seq_q, seq_k=seq_k,
-        head_dim=head, scale=scale, causal=causal, fixed=fixed, dynamic=dynamic,
-        block_m=block_m, block_n=block_n, warps=warps.get(ii, 1), stages=max(k_stages, v_stages),
-        mma=qk_mma, p_in_registers=p_in_regs, skip_masked_tiles=len(fold.ext.parts) > 1,
-        guard_q=bool(d.guard), guard_kv=guard_kv, grid=_grid(d), swizzle=qk_mma is not None,
-    )
+    if d.level != "global":
+        raise LoweringError(f"definition {d.name} is stored at level {d.level!r}, not global")
+    grid: list[GridDim] = []
+    lanes: list[LaneDim] = []
+    grid_vars: set[str] = set()
+    sizes = {n for n, _ in prog.sizes}
+    for lp in d.loops:
+        if lp.mapping is not None and lp.mapping.level == "grid":
+            if not lp.ext.names() <= sizes:
+                raise LoweringError(f"grid loop {lp.var} < {lp.ext}: the extent depends on another loop")
+            grid.append(GridDim(lp.var, lp.ext, lp.mapping.axis))
+            grid_vars.add(lp.var)
+        else:
+            n = fixed_extent(lp.ext, prog)
+            if n is None:
+                raise LoweringError(f"loop {lp.var} < {lp.ext} is not mapped to the grid and has no fixed extent: "
+                                    "a thread block needs a fixed tile (TILE it, then PARALLEL the outer loop)")
+            lanes.append(LaneDim(lp.var, n, lp.mapping))
+    if len({g.axis for g in grid}) != len(grid):
+        raise LoweringError(f"grid axes repeat: {[g.axis for g in grid]}")
+    low = _Lowering(prog, d)
+    body, value = low.expr(d.body)
+    tensors = [TensorArg(n, t.dims, t.dtype) for n, t in prog.inputs]
+    tensors.append(TensorArg(d.name, d.type.dims, d.type.dtype, output=True))
+    return Kernel(kernel_name(name), prog.sizes, tuple(tensors), tuple(grid), tuple(lanes), tuple(body),
+                  Store(d.name, d.store, d.guard, value))

@@ -6,18 +6,22 @@ It is plain data: frozen dataclasses, no behaviour beyond validation and small l
 
 ContractionPlan: c[batch..., m, n] = sum_k a[batch..., m, k] * b[batch..., k, n]
     (b stored [..., n, k] when b_transposed), fp32 accumulation, output dtype c.dtype.
-AttentionPlan: o[b,h,i,:] = sum_j softmax_j(scale * q[b,h,i,:].k[b,h,j,:], j <= i if causal) v[b,h,j,:]
-    computed with the FlashAttention streaming fold (running max, running sum, rescaled accumulator).
+AttentionPlan: o[b,h,i,:] = sum_j softmax_j(scale * q[b,h,i,:].k[b,h,j,:], MASK) v[b,h,j,:]
+    computed with the FlashAttention streaming fold (running max, running sum, rescaled accumulator);
+    the mask and the key tile range are not plan fields: the printers print them from the kernel IR.
+
+Plans are read off the kernel IR by codegen.mappings (never off the derivation program): they
+are the instruction choices of a tensor-core printer, checked against the kernel IR's meaning.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Optional, Union
 
-DTYPES = ("f16", "bf16", "f32")
+from compiler.machine import DTYPES
+
 LEVELS = ("global", "shared", "register")
 AXES = ("x", "y", "z")
-DTYPE_BYTES = {"f16": 2, "bf16": 2, "f32": 4}
 
 
 @dataclass(frozen=True)
@@ -76,7 +80,6 @@ class AttentionPlan:
     seq_k: str
     head_dim: int
     scale: float
-    causal: bool
     fixed: tuple[tuple[str, int], ...]
     dynamic: tuple[str, ...]
     block_m: int
@@ -85,7 +88,6 @@ class AttentionPlan:
     stages: int
     mma: Optional[str]
     p_in_registers: bool
-    skip_masked_tiles: bool
     guard_q: bool
     guard_kv: bool
     grid: tuple[GridAxis, ...]
@@ -131,7 +133,7 @@ def check_plan(plan: Plan) -> None:
     fixed = dict(plan.fixed)
     for op in operands(plan):
         if op.dtype not in DTYPES:
-            raise ValueError(f"operand {op.name}: dtype {op.dtype!r} not in {DTYPES}")
+            raise ValueError(f"operand {op.name}: dtype {op.dtype!r} not in {tuple(DTYPES)}")
         if op.level not in LEVELS:
             raise ValueError(f"operand {op.name}: level {op.level!r} not in {LEVELS}")
     for name in size_names(plan):

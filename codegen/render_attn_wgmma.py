@@ -20,8 +20,9 @@ Mapping of the plan onto the machine:
     = A operand of O += P V: wgmma m64n{D}k16 with A in registers, B = V MN-major (trans-b).
   * overlap=True (default): the S wgmma of tile j and the P.V wgmma of tile j-1 are issued
     together; the softmax of tile j runs while P.V j-1 is on the tensor cores.
-  * causal: query tiles in reverse order (heaviest first), tiles above the diagonal skipped when
-    skip_masked_tiles, the per-element mask only on tiles crossing the diagonal / key tail.
+  * the kernel IR's mask and key tile range (codegen.mappings.online_fold.mask_context): query
+    tiles run heaviest first when the tile range grows with the query tile, the per-element mask
+    only on tiles it cuts.
   * tails: guard_kv masks keys >= Nk (TMA zero-fills the rows), guard_q guards the stores.
     Nk == 0 gives zeros. A row that sees no key gives 0.
 
@@ -42,9 +43,10 @@ from __future__ import annotations
 
 import math
 from codegen import launch
-from codegen.plan import DTYPE_BYTES, AttentionPlan, check_plan
-from codegen.render import (DEFAULT_OPTIONS, KernelSource, _batch, _ident, _params, _Sizes,
-                            _tile_axis, render_template)
+from codegen.ctx_common import DEFAULT_OPTIONS, Sizes, batch, contraction_grid_ctx, ident, params, source, tile_axis
+from codegen.source import KernelSource
+from compiler.machine import DEVICE, DTYPES
+from codegen.plan import AttentionPlan, check_plan
 
 _ALIGN_SLACK = 1024  # the kernel rounds the dynamic shared base up to 1024 bytes
 REG_PRODUCER = 24
@@ -81,14 +83,14 @@ def _geometry(p: AttentionPlan) -> dict:
         raise ValueError("stages must be >= 2 for the K/V ring")
     if len(p.batch) < 1:
         raise ValueError("the TMA maps are 3-D [batch, seq, D]: the plan needs at least one batch dim")
-    eb = DTYPE_BYTES[p.q.dtype]
+    eb = DTYPES[p.q.dtype].bytes
     q_bytes, kv_stage = bm * d * eb, bn * d * eb
     k_off = q_bytes
     v_off = k_off + p.stages * kv_stage
     bar_off = v_off + p.stages * kv_stage
     total = bar_off + 8 * (1 + 3 * p.stages) + _ALIGN_SLACK
     threads = (nwg + 1) * 128
-    reg_consumer = min(240, (65536 - 128 * REG_PRODUCER) // (nwg * 128) // 8 * 8)
+    reg_consumer = min(240, (DEVICE.regs_per_sm - 128 * REG_PRODUCER) // (nwg * 128) // 8 * 8)
     return dict(NWG=nwg, threads=threads, PANELS=d // 64, Q_BYTES=q_bytes, KV_STAGE=kv_stage,
                 K_OFF=k_off, V_OFF=v_off, BAR_OFF=bar_off, smem_bytes=total,
                 REG_PRODUCER=REG_PRODUCER, REG_CONSUMER=reg_consumer,
@@ -99,32 +101,33 @@ def smem_bytes_attn_wgmma(plan: AttentionPlan) -> int:
     return _geometry(plan)["smem_bytes"]
 
 
-def _context(p: AttentionPlan, overlap: bool) -> dict:
+def _context(p: AttentionPlan, mask: dict, overlap: bool) -> dict:
     g = _geometry(p)
-    sz = _Sizes(p)
+    sz = Sizes(p)
     dt = p.q.dtype
-    ctx: dict = dict(g, kname=_ident(p.kernel_name), stages=p.stages, dt=dt, ct=dt + "_t", D=p.head_dim,
-                     BM=p.block_m, BN=p.block_n, causal=p.causal, skip_masked_tiles=p.skip_masked_tiles,
+    ctx: dict = dict(g, kname=ident(p.kernel_name), stages=p.stages, dt=dt, ct=dt + "_t", D=p.head_dim,
+                     BM=p.block_m, BN=p.block_n,
                      guard_q=p.guard_q, guard_kv=p.guard_kv, overlap=overlap,
                      Nq=sz.expr(p.seq_q), Nk=sz.expr(p.seq_k),
                      SL2=repr(float(p.scale) * math.log2(math.e)) + "f")
-    params, names = _params(p, sz)
-    ctx["params"], ctx["_arg_names"] = params, names + ("tmaps",)
-    decls, offs = _batch(p, sz, {"q": p.q, "k": p.k, "v": p.v, "o": p.o})
+    ctx.update(mask)
+    param_list, names = params(p, sz)
+    ctx["params"], ctx["_arg_names"] = param_list, names + ("tmaps",)
+    decls, offs = batch(p, sz, {"q": p.q, "k": p.k, "v": p.v, "o": p.o})
     ctx.update(batch_decls=decls, off_o=offs["o"])
     # row-major flat batch index (q, k, v, o all [batch..., seq, D], contiguous)
-    flat = f"bi_{_ident(p.batch[0])}"
+    flat = f"bi_{ident(p.batch[0])}"
     for b in p.batch[1:]:
-        flat = f"({flat}) * {sz.expr(b)} + bi_{_ident(b)}"
+        flat = f"({flat}) * {sz.expr(b)} + bi_{ident(b)}"
     ctx["flat_batch"] = flat
-    ctx["qax"] = _tile_axis(p, p.seq_q, p.block_m)
+    ctx["qax"] = tile_axis(p, p.seq_q, p.block_m)
     ctx["summary"] = (f"TMA warp-specialized wgmma, d{p.head_dim} {p.block_m}x{p.block_n}, "
-                      f"{g['NWG']} consumer warpgroups, stages {p.stages}, causal {p.causal}, "
+                      f"{g['NWG']} consumer warpgroups, stages {p.stages}, mask {mask['has_mask']}, "
                       f"overlap {overlap}, 128B swizzle")
     return ctx
 
 
-def render_attn_wgmma(plan: AttentionPlan, options: tuple[str, ...] = DEFAULT_OPTIONS,
+def render_attn_wgmma(plan: AttentionPlan, mask: dict, options: tuple[str, ...] = DEFAULT_OPTIONS,
                       tma: bool = True, overlap: bool = True) -> KernelSource:
     """Render the Hopper attention kernel of a plan (same KernelSource contract as render()).
 
@@ -133,9 +136,9 @@ def render_attn_wgmma(plan: AttentionPlan, options: tuple[str, ...] = DEFAULT_OP
     if not tma:
         raise ValueError("the wgmma attention kernel loads tiles with TMA only (tma=True)")
     check_plan(plan)
-    if not any("sm_90a" in o for o in options):
+    if not any(DEVICE.arch in o for o in options):
         raise ValueError("wgmma needs the arch-specific target: --gpu-architecture=sm_90a")
-    return render_template("online_fold_wgmma.cu.j2", _context(plan, overlap), options)
+    return source("online_fold_wgmma.cu.j2", _context(plan, mask, overlap), options)
 
 
 def launch_config_attn_wgmma(plan: AttentionPlan, sizes: dict[str, int], tma: bool = True
@@ -162,7 +165,7 @@ def encode_attn_tensor_maps(plan: AttentionPlan, sizes: dict[str, int], q_ptr: i
     128-byte swizzle, zero fill out of bounds; encoded through libcuda cuTensorMapEncodeTiled."""
     import ctypes
 
-    from codegen.render_wgmma import _encode
+    from codegen.tma import encode_tiled
     if not tma_supported_attn(plan, sizes, (q_ptr, k_ptr, v_ptr)):
         raise ValueError("attention TMA maps need 16-byte aligned bases and non-empty batch / queries")
     lib = ctypes.CDLL("libcuda.so.1")
@@ -175,7 +178,7 @@ def encode_attn_tensor_maps(plan: AttentionPlan, sizes: dict[str, int], q_ptr: i
     nk = sizes[plan.seq_k]
     if nk == 0:  # the kernel loads no K/V tile; keep the maps valid (an empty tensor may have no base)
         nk, k_ptr, v_ptr = 1, q_ptr, q_ptr
-    q = _encode(lib, plan.q.dtype, q_ptr, [d, nq, nb], [64, plan.block_m, 1])
-    k = _encode(lib, plan.k.dtype, k_ptr, [d, nk, nb], [64, plan.block_n, 1])
-    v = _encode(lib, plan.v.dtype, v_ptr, [d, nk, nb], [64, plan.block_n, 1])
+    q = encode_tiled(lib, plan.q.dtype, q_ptr, [d, nq, nb], [64, plan.block_m, 1])
+    k = encode_tiled(lib, plan.k.dtype, k_ptr, [d, nk, nb], [64, plan.block_n, 1])
+    v = encode_tiled(lib, plan.v.dtype, v_ptr, [d, nk, nb], [64, plan.block_n, 1])
     return q + k + v

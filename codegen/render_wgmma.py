@@ -39,9 +39,10 @@ H200, 2026-11-29 (codegen/devtools/wgmma_check.py, do_bench median, 4 rotating i
 from __future__ import annotations
 
 from codegen import launch
-from codegen.plan import DTYPE_BYTES, ContractionPlan, check_plan, threads
-from codegen.render import (DEFAULT_OPTIONS, KernelSource, _ident, _params, _Sizes,
-                            contraction_grid_ctx, render_template)
+from codegen.ctx_common import DEFAULT_OPTIONS, Sizes, batch, contraction_grid_ctx, ident, params, source, tile_axis
+from codegen.source import KernelSource
+from compiler.machine import DEVICE, DTYPES
+from codegen.plan import ContractionPlan, check_plan, threads
 
 _ALIGN_SLACK = 1024  # the kernel rounds the dynamic shared base up to 1024 bytes
 
@@ -80,7 +81,7 @@ def _geometry(p: ContractionPlan, tma: bool = False) -> dict:
     if p.stages < 2:
         raise ValueError("stages must be >= 2 for the wgmma pipeline")
     nthreads = threads(p)
-    eab, ec = DTYPE_BYTES[p.a.dtype], DTYPE_BYTES[p.c.dtype]
+    eab, ec = DTYPES[p.a.dtype].bytes, DTYPES[p.c.dtype].bytes
     a_stage, b_stage = bm * bk * eab, bk * bn * eab
     ring = p.stages * (a_stage + b_stage)
     crow = bn * ec + 16  # epilogue staging pitch: 16 bytes of padding per row
@@ -100,7 +101,7 @@ def _geometry(p: ContractionPlan, tma: bool = False) -> dict:
             raise ValueError("TMA path: at most one batch dim, carried by a, b and c alike")
         # producer warpgroup keeps REG_PRODUCER registers, consumers take the rest (multiples of 8)
         g["REG_PRODUCER"] = 40
-        g["REG_CONSUMER"] = min(240, (65536 - 128 * 40) // (nwg * 128) // 8 * 8)
+        g["REG_CONSUMER"] = min(240, (DEVICE.regs_per_sm - 128 * 40) // (nwg * 128) // 8 * 8)
     return g
 
 
@@ -110,13 +111,13 @@ def smem_bytes_wgmma(plan: ContractionPlan, tma: bool = False) -> int:
 
 def _context(p: ContractionPlan, tma: bool = False) -> dict:
     g = _geometry(p, tma)
-    sz = _Sizes(p)
+    sz = Sizes(p)
     nthreads = g["threads"]
-    ctx: dict = dict(g, kname=_ident(p.kernel_name), stages=p.stages, BM=p.block_m, BN=p.block_n,
+    ctx: dict = dict(g, kname=ident(p.kernel_name), stages=p.stages, BM=p.block_m, BN=p.block_n,
                      BK=p.block_k, ab_dt=p.a.dtype, ab_ct=p.a.dtype + "_t", c_dt=p.c.dtype,
                      c_ct=p.c.dtype + "_t", trans_b=g["kn"], guard_m=p.guard_m, guard_n=p.guard_n,
                      guard_k=p.guard_k, M=sz.expr(p.m), N=sz.expr(p.n), K=sz.expr(p.k))
-    ctx["params"], ctx["_arg_names"] = _params(p, sz)
+    ctx["params"], ctx["_arg_names"] = params(p, sz)
     if tma:
         ctx["_arg_names"] = ctx["_arg_names"] + ("tmaps",)
     a_chunks, b_chunks = p.block_m * p.block_k // 8, p.block_k * p.block_n // 8
@@ -129,7 +130,7 @@ def _context(p: ContractionPlan, tma: bool = False) -> dict:
     ctx["C_ITERS"] = c_chunks // ethreads
     ctx["C_ITERS_C"] = ctx["C_ITERS"]
     ctx["batched"] = bool(p.batch) and tma
-    ctx["batch_index"] = f"bi_{_ident(p.batch[0])}" if p.batch else "0"
+    ctx["batch_index"] = f"bi_{ident(p.batch[0])}" if p.batch else "0"
     # run-time 16-byte row alignment flags (dynamic contiguous dims only; fixed ones are checked here)
     fixed = dict(p.fixed)
     b_contig = p.n if ctx["kn"] else p.k
@@ -165,9 +166,9 @@ def render_wgmma(plan: ContractionPlan, options: tuple[str, ...] = DEFAULT_OPTIO
     if not isinstance(plan, ContractionPlan):
         raise TypeError(f"render_wgmma needs a ContractionPlan, got {type(plan).__name__}")
     check_plan(plan)
-    if not any("sm_90a" in o for o in options):
+    if not any(DEVICE.arch in o for o in options):
         raise ValueError("wgmma needs the arch-specific target: --gpu-architecture=sm_90a")
-    return render_template("contraction_wgmma.cu.j2", _context(plan, tma), options)
+    return source("contraction_wgmma.cu.j2", _context(plan, tma), options)
 
 
 def launch_config_wgmma(plan: ContractionPlan, sizes: dict[str, int], tma: bool = False
@@ -181,10 +182,6 @@ def launch_config_wgmma(plan: ContractionPlan, sizes: dict[str, int], tma: bool 
 
 
 # ---------------------------------------------------------------- TMA tensor maps (host side)
-_TMA_DTYPE = {"f16": 6, "bf16": 9}  # CU_TENSOR_MAP_DATA_TYPE_FLOAT16 / _BFLOAT16
-_SWIZZLE_128B, _L2_PROMO_256B = 3, 3
-
-
 def tma_supported(plan: ContractionPlan, sizes: dict[str, int], ptrs: tuple[int, ...] = ()) -> bool:
     """TMA needs 16-byte aligned base addresses and row strides (K, and N for B stored [K, N],
     multiples of 8 elements); otherwise use the cp.async kernel (tma=False)."""
@@ -193,32 +190,13 @@ def tma_supported(plan: ContractionPlan, sizes: dict[str, int], ptrs: tuple[int,
             and k > 0 and sizes[plan.m] > 0 and n > 0)
 
 
-def _encode(lib, dtype: str, ptr: int, dims: list[int], box: list[int]) -> bytes:
-    import ctypes
-    rank = len(dims)
-    eb = DTYPE_BYTES[dtype]
-    strides, acc = [], eb
-    for d in dims[:-1]:
-        acc *= d
-        strides.append(acc)
-    raw = ctypes.create_string_buffer(128 + 64)
-    addr = (ctypes.addressof(raw) + 63) // 64 * 64
-    u64, u32 = ctypes.c_uint64, ctypes.c_uint32
-    st = lib.cuTensorMapEncodeTiled(
-        ctypes.c_void_p(addr), ctypes.c_int(_TMA_DTYPE[dtype]), u32(rank), ctypes.c_void_p(ptr),
-        (u64 * rank)(*dims), (u64 * max(1, rank - 1))(*strides), (u32 * rank)(*box),
-        (u32 * rank)(*([1] * rank)), ctypes.c_int(0), ctypes.c_int(_SWIZZLE_128B),
-        ctypes.c_int(_L2_PROMO_256B), ctypes.c_int(0))
-    if st != 0:
-        raise RuntimeError(f"cuTensorMapEncodeTiled failed ({st}): dims {dims} box {box}")
-    return ctypes.string_at(addr, 128)
-
-
 def encode_tensor_maps(plan: ContractionPlan, sizes: dict[str, int], a_ptr: int, b_ptr: int) -> bytes:
     """The 256 bytes (map of A, map of B; 128 each) the tma kernel's last argument points to
     (copy them to device memory, 64-byte aligned). Encoded through the driver
     (libcuda cuTensorMapEncodeTiled, via ctypes): 128-byte swizzle, zero fill out of bounds."""
     import ctypes
+
+    from codegen.tma import encode_tiled
     if not tma_supported(plan, sizes, (a_ptr, b_ptr)):
         raise ValueError("sizes / pointers not 16-byte aligned: use the cp.async kernel")
     lib = ctypes.CDLL("libcuda.so.1")
@@ -226,9 +204,9 @@ def encode_tensor_maps(plan: ContractionPlan, sizes: dict[str, int], a_ptr: int,
     m, n, k = sizes[plan.m], sizes[plan.n], sizes[plan.k]
     bat = [sizes[plan.batch[0]]] if plan.batch else []
     one = [1] if plan.batch else []
-    a = _encode(lib, plan.a.dtype, a_ptr, [k, m] + bat, [64, plan.block_m] + one)
+    a = encode_tiled(lib, plan.a.dtype, a_ptr, [k, m] + bat, [64, plan.block_m] + one)
     if plan.b_transposed:
-        b = _encode(lib, plan.b.dtype, b_ptr, [k, n] + bat, [64, plan.block_n] + one)
+        b = encode_tiled(lib, plan.b.dtype, b_ptr, [k, n] + bat, [64, plan.block_n] + one)
     else:
-        b = _encode(lib, plan.b.dtype, b_ptr, [n, k] + bat, [64, plan.block_k] + one)
+        b = encode_tiled(lib, plan.b.dtype, b_ptr, [n, k] + bat, [64, plan.block_k] + one)
     return a + b

@@ -12,6 +12,8 @@ Tools are found by :func:`codegen.toolchain.find_tool`; no GPU is needed.
 
 from __future__ import annotations
 
+from compiler.machine import MMA
+
 import os
 import re
 import subprocess
@@ -50,7 +52,7 @@ _PTXAS_SPILL = re.compile(
     r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads"
 )
 
-_MMA_OPCODE = {"mma_sync": "HMMA", "wgmma": "HGMMA"}
+_MMA_OPCODE = {name: instr.sass for name, instr in MMA.items()}
 _ASYNC_COPY_OPCODES = ("LDGSTS", "UTMALDG", "UBLKCP")
 _LOCAL_OPCODES = ("LDL", "STL")
 

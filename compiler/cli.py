@@ -133,6 +133,13 @@ def write_outputs(derivation: Any, outdir: Path, *, codegen: bool = True, proofs
     from .trace import write_trace
 
     d = derivation
+    build = _optional("codegen.build") if codegen else None
+    kernel = None
+    if build is not None:  # the `lowering` step: kernel IR checked against the final program
+        try:
+            kernel, _ = build.prepare(d)
+        except Exception as exc:
+            raise BuildError(f"{d.file}: codegen: {_one_line(exc)}") from exc
     (outdir / "derivation.json").write_text(json.dumps(write_trace(d), indent=2, allow_nan=False) + "\n")
     steps = outdir / "steps"
     steps.mkdir()
@@ -151,15 +158,13 @@ def write_outputs(derivation: Any, outdir: Path, *, codegen: bool = True, proofs
             raise
         except Exception as exc:
             raise BuildError(f"{d.file}: proof obligations: {_one_line(exc)}") from exc
-    if codegen:
-        build = _optional("codegen.build")
-        if build is not None and hasattr(build, "emit"):
-            try:
-                build.emit(d, outdir)
-            except (SpecError, DerivationError):
-                raise
-            except Exception as exc:
-                raise BuildError(f"{d.file}: codegen: {_one_line(exc)}") from exc
+    if build is not None:
+        try:
+            build.emit(d, outdir, kernel)
+        except (SpecError, DerivationError):
+            raise
+        except Exception as exc:
+            raise BuildError(f"{d.file}: codegen: {_one_line(exc)}") from exc
 
 
 def _one_line(exc: BaseException) -> str:

@@ -75,4 +75,14 @@ def write_report(d: Derivation) -> str:
     for s in d.steps:
         out.append(step_markdown(s))
     out += ["## Final program", "", f"Digest `{d.final.digest()}`.", "", "```", show_program(d.final).rstrip("\n"), "```", ""]
+    low = getattr(d, "lowering", None)
+    if low:
+        n = low["numeric"]
+        out += [f"## Step {low['index']}: lowering (kernel IR)", "",
+                "The final program, translated to the tile-level kernel IR (`kir.txt`) that the printers print.",
+                f"- validated {low['validated']}",
+                f"- check at {format_sizes(n['sizes'])}, seed {n['seed']}: relative error {n['rel_error']:.1e} "
+                f"(tolerance {n['tolerance']:.0e}) — {'passed' if n['passed'] else 'FAILED'}",
+                "- not proved: the kernel IR's semantics has no Coq / Lean export yet; this step is checked numerically only",
+                ""]
     return "\n".join(out)

@@ -52,7 +52,7 @@ def write_trace(d: Derivation) -> dict[str, Any]:
         "check_sizes": dict(d.check_sizes),
         "seed": d.seed,
         "seed_given": d.seed_given,
-        "steps": [s.to_json() for s in d.steps],
+        "steps": [s.to_json() for s in d.steps] + ([d.lowering] if getattr(d, "lowering", None) else []),
         "final_digest": d.final.digest(),
         "output": d.final.output,
     }
@@ -80,7 +80,7 @@ def replay_programs(
             "replay", f"the spec lowers to {prog.digest()}, the trace was made from {trace['spec_digest']}", None, file
         )
     programs = [prog]
-    steps = trace.get("steps", [])
+    steps = [s for s in trace.get("steps", []) if s.get("rule") != "lowering"]  # the codegen step: no rewrite
     if upto is not None:
         if not 0 <= upto <= len(steps):
             raise DerivationError("replay", f"step {upto} out of range: the trace has {len(steps)} steps", None, file)

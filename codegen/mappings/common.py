@@ -1,0 +1,103 @@
+"""Matching helpers shared by the tensor-core mappings.
+
+A tensor-core printer implements one meaning (a contraction over staged tiles, the ONLINE-AGG
+fold).  It accepts a kernel IR only after reading every part of it off the kernel IR and
+comparing it with the meaning it implements; what it cannot account for is refused with
+`UnsupportedMapping` naming the part.  Nothing here guesses from names.
+"""
+from __future__ import annotations
+
+from compiler.ir import Aff, Cond, Const, Expr, Read, Select
+
+from ..kir import Buffer, Kernel, Stage
+from ..lower import UnsupportedMapping
+from ..plan import GridAxis, Operand
+
+
+def refuse(mapping: str, what: str) -> UnsupportedMapping:
+    return UnsupportedMapping(f"{mapping} mapping: {what}")
+
+
+def size_name(a: Aff, mapping: str, what: str) -> str:
+    if len(a.terms) != 1 or a.terms[0][1] != 1 or a.const:
+        raise refuse(mapping, f"{what}: dimension {a} is not a plain size name")
+    return a.terms[0][0]
+
+
+def operand(k: Kernel, name: str, level: str, mapping: str) -> Operand:
+    t = k.tensor(name)
+    return Operand(name, tuple(size_name(a, mapping, f"tensor {name}") for a in t.dims), t.dtype, level)
+
+
+def tile_coord(a: Aff, grid_vars: set[str], local: str | None, mapping: str, what: str) -> tuple[str, int]:
+    """a == tile * g + local for one grid or loop variable g: returns (g, tile)."""
+    rest = a
+    if local is not None:
+        if a.coef(local) != 1:
+            raise refuse(mapping, f"{what}: index {a} does not run over {local} with stride 1")
+        rest = a - Aff.of(local)
+    if rest.const or len(rest.terms) != 1 or rest.terms[0][0] not in grid_vars:
+        raise refuse(mapping, f"{what}: index {a} is not tile * block index + {local or 'offset'}")
+    g, t = rest.terms[0]
+    return g, t
+
+
+def staged(e: Expr) -> tuple[tuple[Cond, ...], Read]:
+    """[conds] ? T[idx] : 0, or a plain read: the guard and the global read of a staged copy."""
+    if isinstance(e, Select) and e.other == Const(0.0) and isinstance(e.then, Read):
+        return e.conds, e.then
+    if isinstance(e, Read):
+        return (), e
+    raise UnsupportedMapping(f"staged value is not a (zero-filled) tensor read: {e}")
+
+
+def stage_rows(st: Stage, loop_or_grid: set[str], batch: dict[int, str], mapping: str
+               ) -> tuple[str, int, tuple[Cond, ...]]:
+    """A staged [rows, cols] tile of a row-major tensor: T[batch..., tile * g + r, c].
+
+    Returns (g, tile, guard).  The buffer's first dim must walk the tensor's second-to-last
+    dimension and its second dim the last one (contiguous rows); batch positions must be read
+    at the grid variables given by `batch` (position -> variable)."""
+    conds, read = staged(st.value)
+    b: Buffer = st.buf
+    if len(b.dims) != 2:
+        raise refuse(mapping, f"buffer {b.name} is not a 2-D tile")
+    (r, _), (c, _) = b.dims
+    idx = read.idx
+    if len(idx) < 2:
+        raise refuse(mapping, f"buffer {b.name}: tensor {read.tensor} has rank {len(idx)} < 2")
+    for pos, a in enumerate(idx[:-2]):
+        want = batch.get(pos)
+        if want is None or a != Aff.of(want):
+            raise refuse(mapping, f"buffer {b.name}: {read.tensor}'s dimension {pos} is read at {a}, "
+                         f"not at the block's batch index")
+    if idx[-1] != Aff.of(c):
+        raise refuse(mapping, f"buffer {b.name}: {read.tensor}[..., {idx[-2]}, {idx[-1]}] is not read "
+                     f"row-major (the tile's second dim {c} must be the tensor's last, contiguous one)")
+    g, tile = tile_coord(idx[-2], loop_or_grid, r, mapping, f"buffer {b.name}")
+    return g, tile, conds
+
+
+def grid_axes(k: Kernel, tiles: dict[str, tuple[str, int]]) -> tuple[GridAxis, ...]:
+    """GridAxis per grid variable: the size it enumerates (tiles: var -> (size, tile))."""
+    out = []
+    for g in k.grid:
+        if g.var not in tiles:
+            raise UnsupportedMapping(f"grid variable {g.var} does not index the output")
+        dim, tile = tiles[g.var]
+        want = g.ext.parts[0] if len(g.ext.parts) == 1 else None
+        if want is None or want != (Aff.of(dim), tile):
+            raise UnsupportedMapping(f"grid variable {g.var} < {g.ext} does not enumerate tiles of {tile} over {dim}")
+        out.append(GridAxis(g.var, dim, tile, g.axis))
+    return tuple(out)
+
+
+def bound_cond(c: Cond, var_tile: tuple[str, int], local: str) -> str | None:
+    """If c is `tile * g + local < SIZE` (either side order kept), the size name; else None."""
+    g, t = var_tile
+    if c.op != "<" or c.lhs != Aff.build({g: t, local: 1}):
+        return None
+    r = c.rhs
+    if len(r.terms) == 1 and r.terms[0][1] == 1 and not r.const:
+        return r.terms[0][0]
+    return None

@@ -1,0 +1,243 @@
+"""Tensor-core contraction mappings (mma.sync, wgmma): read a ContractionPlan off the kernel IR.
+
+The meaning these printers implement, with every part taken from the kernel IR:
+
+    for ko < ceil(K / BK) carrying (acc = 0 @f32):
+        stage A_s[r < BM, c < BK] = [bounds] ? A[batch.., BM*io + r, BK*ko + c] : 0
+        stage B_s[r < BK, c < BN] = [bounds] ? B[batch.., BK*ko + r, BN*jo + c] : 0
+              (or B_s[r < BN, c < BK] = [bounds] ? B[batch.., BN*jo + r, BK*ko + c] : 0)
+        acc := acc + sum(ki < BK @mma: [conds] ? A_s[ii, ki] * B_s[ki, ji] : 0)
+    store C[batch.., BM*io + ii, BN*jo + ji] = acc   where [bounds]
+
+`bounds` are tile tails (`BM*io + r < M`, ...), zero-filled by the copies and guarded at the
+store; an inner condition is accepted only when it is one of the operands' zero-fill bounds at
+the read position (so dropping it changes nothing).  Anything else — a mask inside the sum, a
+transposed A, an epilogue expression, a skipped tile range — is refused by name; the SIMT mapping
+prints any kernel IR.
+"""
+from __future__ import annotations
+
+from compiler.ir import Aff, Bin, Const, Expr, Ext, Read, Reduce, Select
+
+from ..kir import Kernel, Stage, TileLoop
+from ..plan import ContractionPlan
+from ..render import render_contraction
+from ..render_wgmma import encode_tensor_maps, render_wgmma, tma_supported
+from ..source import KernelSource, Launch
+from . import Mapping, Printed, Variant, register
+from .common import bound_cond, grid_axes, operand, refuse, size_name, staged
+
+
+def _tile_index(a: Aff, local: str, vars_: set[str], what: str, mapping: str) -> tuple[str, int]:
+    if a.coef(local) != 1:
+        raise refuse(mapping, f"{what}: index {a} does not run over {local}")
+    rest = a - Aff.of(local)
+    if rest.const or len(rest.terms) != 1 or rest.terms[0][0] not in vars_:
+        raise refuse(mapping, f"{what}: index {a} is not tile * block index + {local}")
+    return rest.terms[0][0], rest.terms[0][1]
+
+
+def _product(e: Expr, mapping: str) -> tuple[tuple, Read, Read, Reduce]:
+    if not isinstance(e, Reduce) or e.op != "sum":
+        raise refuse(mapping, f"the accumulator update adds {type(e).__name__}, not a tile sum")
+    body = e.body
+    conds: tuple = ()
+    if isinstance(body, Select) and body.other == Const(0.0):
+        conds, body = body.conds, body.then
+    if not (isinstance(body, Bin) and body.op == "*" and isinstance(body.a, Read) and isinstance(body.b, Read)):
+        raise refuse(mapping, "the tile sum is not a product of two staged tiles")
+    return conds, body.a, body.b, e
+
+
+def match(k: Kernel, mapping: str) -> ContractionPlan:
+    """The contraction plan of k, or UnsupportedMapping naming what the mapping cannot print."""
+    if len(k.body) != 1 or not isinstance(k.body[0], TileLoop):
+        raise refuse(mapping, "the kernel is not one tile loop over k (a contraction)")
+    loop: TileLoop = k.body[0]
+    if len(loop.state) != 1:
+        raise refuse(mapping, f"the tile loop carries {len(loop.state)} states, a contraction one accumulator")
+    acc = loop.state[0]
+    if acc.init != Const(0.0):
+        raise refuse(mapping, f"accumulator {acc.name} starts at {acc.init}, not 0")
+    if acc.acc is not None and acc.acc.dtype != "f32":
+        raise refuse(mapping, f"accumulator {acc.name} is {acc.acc.dtype}; tensor cores accumulate in f32")
+    upd = acc.update
+    if not (isinstance(upd, Bin) and upd.op == "+" and upd.a == Read(acc.name, ())):
+        raise refuse(mapping, f"accumulator update {acc.name} := ... is not {acc.name} + (tile product)")
+    inner_conds, ra, rb, red = _product(upd.b, mapping)
+    if red.mma is None:
+        raise refuse(mapping, "the tile product has no MAP-MMA fact")
+    if k.store.value != Read(acc.name, ()):
+        raise refuse(mapping, "the stored value is not the accumulator (an epilogue this mapping does not print)")
+    stages = {s.buf.name: s for s in loop.body if isinstance(s, Stage)}
+    if len(stages) != len(loop.body) or len(stages) != 2:
+        raise refuse(mapping, "the tile loop must stage exactly the two operand tiles and nothing else")
+    out = k.output
+    sidx = k.store.index
+    if len(sidx) < 2 or len(k.lanes) != 2:
+        raise refuse(mapping, "the output tile must be 2-D (rows x cols lanes)")
+    lane_r, lane_c = k.lanes[0].var, k.lanes[1].var
+    grid_vars = {g.var for g in k.grid}
+    g_m, bm = _tile_index(sidx[-2], lane_r, grid_vars, "output rows", mapping)
+    g_n, bn = _tile_index(sidx[-1], lane_c, grid_vars, "output cols", mapping)
+    batch = {pos: a.terms[0][0] for pos, a in enumerate(sidx[:-2])
+             if len(a.terms) == 1 and a.terms[0][1] == 1 and not a.const and a.terms[0][0] in grid_vars}
+    if len(batch) != len(sidx) - 2:
+        raise refuse(mapping, f"output batch indices {list(map(str, sidx[:-2]))} are not block indices")
+    kv = red.var
+    # operand roles from the index structure of the product
+    if ra.idx == (Aff.of(lane_r), Aff.of(kv)):
+        ra_, rb_ = ra, rb
+    elif rb.idx == (Aff.of(lane_r), Aff.of(kv)):
+        ra_, rb_ = rb, ra
+    else:
+        raise refuse(mapping, f"no factor of the tile product is read as [{lane_r}, {kv}] (the A tile)")
+    if rb_.idx == (Aff.of(kv), Aff.of(lane_c)):
+        b_transposed = False
+    elif rb_.idx == (Aff.of(lane_c), Aff.of(kv)):
+        b_transposed = True
+    else:
+        raise refuse(mapping, f"the B tile is read as {rb_.tensor}[{', '.join(map(str, rb_.idx))}]")
+    if ra_.tensor not in stages or rb_.tensor not in stages:
+        raise refuse(mapping, "both factors must be staged tiles (CACHE them)")
+    sa, sb = stages[ra_.tensor], stages[rb_.tensor]
+    ga, a_read = staged(sa.value)[0], staged(sa.value)[1]
+    gb, b_read = staged(sb.value)[0], staged(sb.value)[1]
+    a_op = operand(k, a_read.tensor, sa.buf.level, mapping)
+    b_op = operand(k, b_read.tensor, sb.buf.level, mapping)
+    c_op = operand(k, out.name, "global", mapping)
+    m, n = c_op.dims[-2], c_op.dims[-1]
+    kdim = a_op.dims[-1]
+    loop_vars = grid_vars | {loop.var}
+    # A tile [BM, BK] row-major over [.., M, K]
+    (ar, bm_a), (ac, bk) = sa.buf.dims
+    _check_batch(a_read, batch, mapping)
+    if (a_read.idx[-2], a_read.idx[-1]) != (Aff.build({g_m: bm, ar: 1}), Aff.build({loop.var: bk, ac: 1})):
+        raise refuse(mapping, f"A tile {sa.buf.name} reads {a_read.tensor}[{', '.join(map(str, a_read.idx))}]: "
+                     f"this mapping needs A stored [.., {m}, {kdim}] (rows contiguous along k)")
+    if bm_a != bm:
+        raise refuse(mapping, f"A tile has {bm_a} rows, the output tile {bm}")
+    _check_batch(b_read, batch, mapping)
+    (br, e0), (bc, e1) = sb.buf.dims
+    if not b_transposed:
+        want = (Aff.build({loop.var: bk, br: 1}), Aff.build({g_n: bn, bc: 1}))
+        shape_ok = (e0, e1) == (bk, bn)
+    else:
+        want = (Aff.build({g_n: bn, br: 1}), Aff.build({loop.var: bk, bc: 1}))
+        shape_ok = (e0, e1) == (bn, bk)
+    if (b_read.idx[-2], b_read.idx[-1]) != want or not shape_ok:
+        raise refuse(mapping, f"B tile {sb.buf.name} reads {b_read.tensor}[{', '.join(map(str, b_read.idx))}], "
+                     "not a row-major [k, n] or [n, k] tile")
+    if red.ext.const_value() != bk:
+        raise refuse(mapping, f"the tile sum runs over {red.ext}, the staged k tile has {bk}")
+    if a_op.dims[-2] != m or (b_op.dims[-2:] != ((n, kdim) if b_transposed else (kdim, n))):
+        raise refuse(mapping, f"operand shapes {a_op.dims} x {b_op.dims} -> {c_op.dims} are not a matrix product")
+    fixed = k.fixed()
+    if loop.ext != Ext.of(kdim, bk) and not (kdim in fixed and loop.ext == Ext.of(fixed[kdim], bk)):
+        raise refuse(mapping, f"the k loop runs {loop.var} < {loop.ext}, not over every tile of {kdim}")
+    # guards: every condition is a tile tail bound this mapping zero-fills or guards
+    guarded: set[str] = set()
+    tiles_a = {ar: (g_m, bm), ac: (loop.var, bk)}
+    tiles_b = {br: ((loop.var, bk) if not b_transposed else (g_n, bn)), bc: ((g_n, bn) if not b_transposed else (loop.var, bk))}
+    for conds, tiles, who in ((ga, tiles_a, sa.buf.name), (gb, tiles_b, sb.buf.name)):
+        for c in conds:
+            hit = [bound_cond(c, vt, local) for local, vt in tiles.items()]
+            names = [h for h in hit if h]
+            if len(names) != 1 or names[0] not in (m, n, kdim):
+                raise refuse(mapping, f"buffer {who}'s condition {c} is not a tile tail bound")
+            guarded.add(names[0])
+    for c in k.store.guard:
+        hit = [bound_cond(c, (g_m, bm), lane_r), bound_cond(c, (g_n, bn), lane_c)]
+        if hit[0] == m:
+            guarded.add(m)
+        elif hit[1] == n:
+            guarded.add(n)
+        else:
+            raise refuse(mapping, f"store condition {c} is not an output tile bound")
+    implied = {c2 for c2 in _at_read(ga, sa.buf, ra_) | _at_read(gb, sb.buf, rb_)}
+    for c in inner_conds:
+        if c not in implied:
+            raise refuse(mapping, f"the tile sum's condition {c} is not implied by the operands' zero fill "
+                         "(this mapping computes the unmasked product; the SIMT mapping prints the mask)")
+    lane_map = {ln.var: ln for ln in k.lanes}
+    warps = {v: (ln.mapping.count or 1) if ln.mapping and ln.mapping.level == "warp" else 1 for v, ln in lane_map.items()}
+    tiles = {g_m: (m, bm), g_n: (n, bn)}
+    for pos, g in batch.items():
+        tiles[g] = (size_name(out.dims[pos], mapping, f"output {out.name}"), 1)
+    sizes_used = set(a_op.dims) | set(b_op.dims) | set(c_op.dims)
+    return ContractionPlan(
+        kernel_name=k.name, a=a_op, b=b_op, c=c_op, b_transposed=b_transposed, m=m, n=n, k=kdim,
+        batch=c_op.dims[:-2], fixed=tuple((s, v) for s, v in k.sizes if v is not None and s in sizes_used),
+        dynamic=tuple(s for s, v in k.sizes if v is None and s in sizes_used),
+        block_m=bm, block_n=bn, block_k=bk, warps_m=warps[lane_r], warps_n=warps[lane_c],
+        stages=max(sa.buf.stages, sb.buf.stages), mma=red.mma.instr, acc_dtype="f32",
+        guard_m=m in guarded, guard_n=n in guarded, guard_k=kdim in guarded,
+        grid=grid_axes(k, tiles), swizzle=True,
+    )
+
+
+def _check_batch(read: Read, batch: dict[int, str], mapping: str) -> None:
+    for pos, a in enumerate(read.idx[:-2]):
+        if batch.get(pos) is None or a != Aff.of(batch[pos]):
+            raise refuse(mapping, f"{read.tensor}'s batch dimension {pos} is read at {a}, not at the output's")
+
+
+def _at_read(conds: tuple, buf, read: Read) -> set:
+    """The buffer's zero-fill conditions at the position `read` reads it."""
+    out = set()
+    for c in conds:
+        for (v, _), a in zip(buf.dims, read.idx):
+            c = c.subst(v, a)
+        out.add(c)
+    return out
+
+
+
+def _launch(k: Kernel, ks: KernelSource, extras: tuple[str, ...] = ()) -> Launch:
+    return Launch(tuple((g.axis, g.ext) for g in k.grid), ks.threads, ks.smem_bytes,
+                  tuple(t.name for t in k.tensors), k.dynamic(), extras)
+
+
+def _promises(plan: ContractionPlan) -> dict:
+    staged_ops = [op for op in (plan.a, plan.b) if op.level == "shared"]
+    return {"expect_mma": plan.mma, "expect_async_copy": bool(staged_ops) and plan.stages > 1,
+            "forbid_spills": True}
+
+
+def _print_mma_sync(k: Kernel, options: tuple[str, ...]) -> Printed:
+    name = "contraction mma_sync"
+    plan = match(k, name)
+    if plan.mma != "mma_sync":
+        raise refuse(name, f"the tile product is mapped to {plan.mma}")
+    ks = render_contraction(plan, options)
+    return Printed("contraction_mma_sync", k, plan, (Variant("kernel", ks, _launch(k, ks)),), _promises(plan))
+
+
+def _print_wgmma(k: Kernel, options: tuple[str, ...]) -> Printed:
+    name = "contraction wgmma"
+    plan = match(k, name)
+    if plan.mma != "wgmma":
+        raise refuse(name, f"the tile product is mapped to {plan.mma}")
+    try:
+        ks = render_wgmma(plan, options, tma=False)
+        ks_tma = render_wgmma(plan, options, tma=True)
+    except ValueError as exc:
+        raise refuse(name, str(exc)) from None
+    variants = (Variant("kernel", ks, _launch(k, ks)), Variant("kernel_tma", ks_tma, _launch(k, ks_tma, ("tma_maps",))))
+    return Printed("contraction_wgmma", k, plan, variants, _promises(plan))
+
+
+def _host_wgmma(printed: Printed, sizes: dict[str, int], ptrs: tuple[int, ...]) -> tuple[int, bytes | None]:
+    """The warp-specialized TMA kernel when sizes and pointers allow (16-byte rows and bases)."""
+    plan = printed.plan
+    if tma_supported(plan, sizes, ptrs[:2]):
+        return 1, encode_tensor_maps(plan, sizes, ptrs[0], ptrs[1])
+    return 0, None
+
+
+def _register() -> None:
+    register(Mapping("contraction_mma_sync", "contraction", "mma_sync", _print_mma_sync))
+    register(Mapping("contraction_wgmma", "contraction", "wgmma", _print_wgmma, _host_wgmma))
+
+
+_register()

@@ -1,0 +1,302 @@
+"""Tensor-core ONLINE-AGG mappings (mma.sync, wgmma): read an AttentionPlan and the fold's mask,
+tile range and scale off the kernel IR.
+
+The meaning these printers implement (names are the kernel IR's own; MASK any conjunction of
+affine conditions, printed by codegen.cexpr — never a flag):
+
+    stage Q_t[r < BM, e < D] = [bound] ? Q[batch.., BM*io + r, e] : 0
+    for jo < EXT carrying (m = -inf, l = 0, acc = 0):            EXT printed as written (MASK skip)
+        stage K_t[r < BN, e < D] = [bound] ? K[batch.., BN*jo + r, e] : 0      (V_t alike)
+        compute S[c < BN] = [MASK] ? SCALE * sum(e < D: Q_t[ii, e] * K_t[c, e]) : -inf
+        compute m' = max(m, max(x < BN: S[x]))
+        compute P[c < BN] = [MASK] ? exp(S[c] - m') : 0
+        m := m';  l := l * rescale(m, m') + sum(y < BN: P[y])
+        acc := acc * rescale(m, m') + sum(z < BN: [C] ? P[z] * V_t[z, d] : 0)   (C implied by MASK / V's fill)
+    store O[batch.., BM*io + ii, d] = acc / l   where [bound]
+
+SCALE must be a positive constant (the kernels take the row max before scaling).  Every part is
+compared with the kernel IR; any other update (a dropped rescale, a running max that is not
+updated, another score) is refused by name.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from compiler.ir import Aff, Bin, Cond, Const, Expr, Ext, Read, Reduce, Select, Un
+
+from ..kir import Compute, Kernel, Stage, TileLoop
+from ..plan import AttentionPlan
+from ..render import render_fold
+from ..render_attn_wgmma import encode_attn_tensor_maps, render_attn_wgmma
+from ..source import KernelSource, Launch
+from . import Mapping, Printed, Variant, register
+from .common import bound_cond, grid_axes, operand, refuse, size_name, staged
+
+NEG_INF = Const(float("-inf"))
+
+
+@dataclass(frozen=True)
+class FoldMask:
+    """What the fold printers print from the kernel IR: the score mask (conditions over the row
+    lane `row`, the key column `col`, the query tile `qtile` and the key tile `ktile`), the key
+    tile range, and the kernel IR's names for them."""
+
+    conds: tuple[Cond, ...]
+    row: str
+    col: str
+    qtile: str
+    ktile: str
+    ext: Ext
+
+
+def _rd(name: str, *idx: str) -> Read:
+    return Read(name, tuple(Aff.of(i) for i in idx))
+
+
+def _masked(e: Expr, other: Const) -> tuple[tuple[Cond, ...], Expr]:
+    if isinstance(e, Select) and e.other == other:
+        return e.conds, e.then
+    return (), e
+
+
+def _rename(conds: tuple[Cond, ...], old: str, new: str) -> tuple[Cond, ...]:
+    return tuple(c.subst(old, Aff.of(new)) for c in conds)
+
+
+def match(k: Kernel, mapping: str) -> tuple[AttentionPlan, FoldMask]:
+    loops = [s for s in k.body if isinstance(s, TileLoop)]
+    pre = [s for s in k.body if not isinstance(s, TileLoop)]
+    if len(loops) != 1 or k.body[-1] is not loops[0] or len(pre) != 1 or not isinstance(pre[0], Stage):
+        raise refuse(mapping, "the kernel is not [stage Q tile; one tile loop] (an online fold)")
+    loop, q_stage = loops[0], pre[0]
+    if len(loop.state) != 3:
+        raise refuse(mapping, f"the tile loop carries {len(loop.state)} states, ONLINE-AGG carries (m, l, acc)")
+    m, l, acc = (st.name for st in loop.state)
+    if tuple(st.init for st in loop.state) != (NEG_INF, Const(0.0), Const(0.0)):
+        raise refuse(mapping, "fold state does not start at (-inf, 0, 0)")
+    if len(k.lanes) != 2:
+        raise refuse(mapping, "the output tile must be rows x head-dim lanes")
+    row, dl = k.lanes[0].var, k.lanes[1].var
+    stages = [s for s in loop.body if isinstance(s, Stage)]
+    computes = [s for s in loop.body if isinstance(s, Compute)]
+    if len(stages) != 2 or len(computes) != 3 or len(loop.body) != 5:
+        raise refuse(mapping, "the fold step must stage K and V tiles and compute S, the new max and P")
+    s_c, mn_c, p_c = computes
+    mn = mn_c.buf.name
+    if len(s_c.buf.dims) != 1 or len(p_c.buf.dims) != 1 or mn_c.buf.dims:
+        raise refuse(mapping, "S and P must be score rows and the new max a scalar")
+    (c, bn), (cp, bn_p) = s_c.buf.dims[0], p_c.buf.dims[0]
+    # S = [MASK] ? SCALE * sum(e < D: Q_t[row, e] * K_t[c, e]) : -inf
+    mask, score = _masked(s_c.value, NEG_INF)
+    scale = 1.0
+    if isinstance(score, Bin) and score.op == "*" and isinstance(score.a, Const):
+        scale, score = float(score.a.value), score.b
+    if not (isinstance(score, Reduce) and score.op == "sum"):
+        raise refuse(mapping, f"the score {s_c.buf.name} is not (positive constant *) a sum of products")
+    if not scale > 0:
+        raise refuse(mapping, f"score scale {scale} must be a positive constant")
+    e = score.var
+    qk = score.body
+    by_name = {st.buf.name: st for st in stages}
+    if not (isinstance(qk, Bin) and qk.op == "*" and isinstance(qk.a, Read) and isinstance(qk.b, Read)
+            and qk.a.tensor == q_stage.buf.name and qk.a.idx == (Aff.of(row), Aff.of(e))
+            and qk.b.tensor in by_name and qk.b.idx == (Aff.of(c), Aff.of(e))):
+        raise refuse(mapping, f"the score is not Q[{row}, {e}] * K[{c}, {e}] over the staged tiles")
+    k_stage = by_name[qk.b.tensor]
+    # m' = max(m, max(x < BN: S[x]))
+    mx = mn_c.value
+    if not (isinstance(mx, Bin) and mx.op == "max" and mx.a == Read(m, ()) and isinstance(mx.b, Reduce)
+            and mx.b.op == "max" and mx.b.ext.const_value() == bn and mx.b.body == _rd(s_c.buf.name, mx.b.var)):
+        raise refuse(mapping, f"{mn} is not max({m}, row max of {s_c.buf.name})")
+    # P = [MASK] ? exp(S[c] - m') : 0
+    if bn_p != bn or p_c.value != _guard(_rename(mask, c, cp), Un("exp", Bin("-", _rd(s_c.buf.name, cp), Read(mn, ()))), Const(0.0)):
+        raise refuse(mapping, f"{p_c.buf.name} is not [mask] ? exp({s_c.buf.name} - {mn}) : 0 with the score's mask")
+    # updates
+    upd = {st.name: st.update for st in loop.state}
+    alpha = Bin("rescale", Read(m, ()), Read(mn, ()))
+    if upd[m] != Read(mn, ()):
+        raise refuse(mapping, f"the running max update {m} := ... is not {mn}")
+    lu = upd[l]
+    if not (isinstance(lu, Bin) and lu.op == "+" and lu.a == Bin("*", Read(l, ()), alpha) and isinstance(lu.b, Reduce)
+            and lu.b.op == "sum" and lu.b.ext.const_value() == bn and lu.b.body == _rd(p_c.buf.name, lu.b.var)):
+        raise refuse(mapping, f"the sum update {l} := ... is not {l} * rescale({m}, {mn}) + row sum of {p_c.buf.name}")
+    au = upd[acc]
+    if not (isinstance(au, Bin) and au.op == "+" and au.a == Bin("*", Read(acc, ()), alpha) and isinstance(au.b, Reduce)
+            and au.b.op == "sum" and au.b.ext.const_value() == bn):
+        raise refuse(mapping, f"the accumulator update {acc} := ... is not {acc} * rescale({m}, {mn}) + P·V")
+    pv = au.b
+    z = pv.var
+    pv_conds, pv_body = _masked(pv.body, Const(0.0))
+    if not (isinstance(pv_body, Bin) and pv_body.op == "*" and pv_body.a == _rd(p_c.buf.name, z)
+            and isinstance(pv_body.b, Read) and pv_body.b.tensor in by_name and pv_body.b.tensor != k_stage.buf.name
+            and pv_body.b.idx == (Aff.of(z), Aff.of(dl))):
+        raise refuse(mapping, f"the accumulator's product is not {p_c.buf.name}[{z}] * V[{z}, {dl}]")
+    v_stage = by_name[pv_body.b.tensor]
+    v_guard = staged(v_stage.value)[0]
+    v_fill = {cc.subst(v_stage.buf.dims[0][0], Aff.of(z)) for cc in v_guard}
+    implied = set(_rename(mask, c, z)) | v_fill
+    for cc in pv_conds:
+        if cc not in implied:
+            raise refuse(mapping, f"the P·V condition {cc} is not implied by the mask or V's zero fill")
+    if pv.mma != score.mma or (score.mma is None):
+        raise refuse(mapping, "map both products (Q·K and P·V) to the same tensor-core instruction")
+    # result and store
+    if k.store.value != Bin("/", Read(acc, ()), Read(l, ())):
+        raise refuse(mapping, f"the stored value is not {acc} / {l}")
+    grid_vars = {g.var for g in k.grid}
+    out = k.output
+    sidx = k.store.index
+    if sidx[-1] != Aff.of(dl):
+        raise refuse(mapping, f"the output's last index {sidx[-1]} is not the head-dim lane {dl}")
+    rest = sidx[-2] - Aff.of(row)
+    if sidx[-2].coef(row) != 1 or rest.const or len(rest.terms) != 1 or rest.terms[0][0] not in grid_vars:
+        raise refuse(mapping, f"the output row index {sidx[-2]} is not BM * query tile + {row}")
+    qt, bm = rest.terms[0]
+    batch = {}
+    for pos, a in enumerate(sidx[:-2]):
+        if len(a.terms) != 1 or a.terms[0][1] != 1 or a.const or a.terms[0][0] not in grid_vars:
+            raise refuse(mapping, f"output index {a} at position {pos} is not a block index")
+        batch[pos] = a.terms[0][0]
+    q_op = operand(k, staged(q_stage.value)[1].tensor, q_stage.buf.level, mapping)
+    k_op = operand(k, staged(k_stage.value)[1].tensor, k_stage.buf.level, mapping)
+    v_op = operand(k, staged(v_stage.value)[1].tensor, v_stage.buf.level, mapping)
+    o_op = operand(k, out.name, "global", mapping)
+    seq_q, seq_k = o_op.dims[-2], k_op.dims[-2]
+    head = k.fixed().get(o_op.dims[-1])
+    if head is None:
+        raise refuse(mapping, f"the head dimension {o_op.dims[-1]} must be a fixed size")
+    for st, tile, var, seq in ((q_stage, bm, qt, q_op.dims[-2]), (k_stage, bn, loop.var, seq_k), (v_stage, bn, loop.var, v_op.dims[-2])):
+        _check_tile(st, tile, var, seq, head, batch, mapping)
+    for cc in k.store.guard:
+        if bound_cond(cc, (qt, bm), row) != seq_q:
+            raise refuse(mapping, f"store condition {cc} is not the query tail bound {row} + {bm}*{qt} < {seq_q}")
+    guard_q = bool(k.store.guard) or bool(staged(q_stage.value)[0])
+    guard_kv = bool(staged(k_stage.value)[0]) or bool(v_guard)
+    lane_map = {ln.var: ln for ln in k.lanes}
+    rl = lane_map[row]
+    warps = (rl.mapping.count or 1) if rl.mapping and rl.mapping.level == "warp" else 1
+    tiles = {qt: (seq_q, bm)}
+    for pos, g in batch.items():
+        tiles[g] = (size_name(out.dims[pos], mapping, f"output {out.name}"), 1)
+    names = set(q_op.dims) | set(k_op.dims) | set(v_op.dims) | set(o_op.dims)
+    if not loop.ext.names() <= names | {qt}:
+        raise refuse(mapping, f"the key tile range {loop.var} < {loop.ext} depends on more than sizes and the query tile")
+    plan = AttentionPlan(
+        kernel_name=k.name, q=q_op, k=k_op, v=v_op, o=o_op, batch=o_op.dims[:-2], seq_q=seq_q, seq_k=seq_k,
+        head_dim=head, scale=scale,
+        fixed=tuple((s, v) for s, v in k.sizes if v is not None and s in names),
+        dynamic=tuple(s for s, v in k.sizes if v is None and s in names),
+        block_m=bm, block_n=bn, warps=warps, stages=max(k_stage.buf.stages, v_stage.buf.stages),
+        mma=score.mma.instr, p_in_registers=p_c.buf.level == "register",
+        guard_q=guard_q, guard_kv=guard_kv, grid=grid_axes(k, tiles), swizzle=True,
+    )
+    return plan, FoldMask(mask, row, c, qt, loop.var, loop.ext)
+
+
+def _guard(conds: tuple[Cond, ...], then: Expr, other: Const) -> Expr:
+    return Select(conds, then, other) if conds else then
+
+
+def _check_tile(st: Stage, tile: int, var: str, seq: str, head: int, batch: dict[int, str], mapping: str) -> None:
+    conds, read = staged(st.value)
+    (r, rows), (e, cols) = st.buf.dims
+    if rows != tile or cols != head:
+        raise refuse(mapping, f"buffer {st.buf.name} is {rows} x {cols}, expected {tile} x {head}")
+    idx = read.idx
+    for pos, a in enumerate(idx[:-2]):
+        if batch.get(pos) is None or a != Aff.of(batch[pos]):
+            raise refuse(mapping, f"buffer {st.buf.name}: {read.tensor}'s dimension {pos} is read at {a}, "
+                         "not at the output's block index (this mapping needs [batch.., rows, D] layouts)")
+    if len(idx) != len(batch) + 2 or idx[-2] != Aff.build({var: tile, r: 1}) or idx[-1] != Aff.of(e):
+        raise refuse(mapping, f"buffer {st.buf.name} reads {read.tensor}[{', '.join(map(str, idx))}]: "
+                     f"this mapping needs [batch.., {tile}*{var} + {r}, {e}]")
+    for cc in conds:
+        if bound_cond(cc, (var, tile), r) != seq:
+            raise refuse(mapping, f"buffer {st.buf.name}'s condition {cc} is not the row bound < {seq}")
+
+
+def mask_context(mask: FoldMask, plan: AttentionPlan) -> dict:
+    """Template entries printing the kernel IR's mask and key tile range.
+
+    The templates call mask_keep(row, col, ktile) with C expressions for the absolute query
+    row, the absolute key column and the key tile index (q0 and qt in scope), and
+    mask_partial / mask_empty(row_lo, row_hi, ktile) for a block of rows times one key tile.
+    """
+    from ..cexpr import box_extremes, conds_c, ext_c
+    from ..cexpr import size_names as c_sizes
+
+    sizes = c_sizes(tuple((n, dict(plan.fixed).get(n)) for n in _plan_sizes(plan)))
+    bn = plan.block_n
+
+    def names(row: str, col: str, ktile: str) -> dict[str, str]:
+        return {**sizes, mask.row: f"({row} - q0)", mask.col: f"({col} - ({ktile}) * {bn})",
+                mask.qtile: "qt", mask.ktile: f"({ktile})"}
+
+    def keep(row: str, col: str, ktile: str) -> str:
+        return f"({conds_c(mask.conds, names(row, col, ktile))})"
+
+    def extremes(row_lo: str, row_hi: str, ktile: str) -> list[tuple[str, str]]:
+        base = names(row_lo, "0", ktile)
+        box = {mask.row: (f"({row_lo} - q0)", f"({row_hi} - q0)"), mask.col: ("0", str(bn - 1))}
+        return [box_extremes(c, box, base) for c in mask.conds]
+
+    def partial(row_lo: str, row_hi: str, ktile: str) -> str:
+        return "!(" + " && ".join(ev for ev, _ in extremes(row_lo, row_hi, ktile)) + ")"
+
+    def empty(row_lo: str, row_hi: str, ktile: str) -> str:
+        return "(" + " || ".join(no for _, no in extremes(row_lo, row_hi, ktile)) + ")"
+
+    return dict(has_mask=bool(mask.conds), mask_keep=keep, mask_partial=partial, mask_empty=empty,
+                n_tiles_expr=ext_c(mask.ext, {**sizes, mask.qtile: "qt"}),
+                heavy_first=len(mask.ext.parts) > 1)
+
+
+def _plan_sizes(plan: AttentionPlan) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(d for op in (plan.q, plan.k, plan.v, plan.o) for d in op.dims))
+
+
+def _launch(k: Kernel, ks: KernelSource, extras: tuple[str, ...] = ()) -> Launch:
+    return Launch(tuple((g.axis, g.ext) for g in k.grid), ks.threads, ks.smem_bytes,
+                  tuple(t.name for t in k.tensors), k.dynamic(), extras)
+
+
+def _promises(plan: AttentionPlan) -> dict:
+    return {"expect_mma": plan.mma, "expect_async_copy": plan.k.level == "shared" and plan.stages > 1,
+            "forbid_spills": True}
+
+
+def _print_mma_sync(k: Kernel, options: tuple[str, ...]) -> Printed:
+    name = "online_fold mma_sync"
+    plan, mask = match(k, name)
+    if plan.mma != "mma_sync":
+        raise refuse(name, f"the products are mapped to {plan.mma}")
+    try:
+        ks = render_fold(plan, mask_context(mask, plan), options)
+    except ValueError as exc:
+        raise refuse(name, str(exc)) from None
+    return Printed("online_fold_mma_sync", k, plan, (Variant("kernel", ks, _launch(k, ks)),), _promises(plan))
+
+
+def _print_wgmma(k: Kernel, options: tuple[str, ...]) -> Printed:
+    name = "online_fold wgmma"
+    plan, mask = match(k, name)
+    if plan.mma != "wgmma":
+        raise refuse(name, f"the products are mapped to {plan.mma}")
+    try:
+        ks = render_attn_wgmma(plan, mask_context(mask, plan), options)
+    except ValueError as exc:
+        raise refuse(name, str(exc)) from None
+    return Printed("online_fold_wgmma", k, plan, (Variant("kernel", ks, _launch(k, ks, ("tma_maps",))),),
+                   {**_promises(plan), "expect_async_copy": True})
+
+
+def _host_wgmma(printed: Printed, sizes: dict[str, int], ptrs: tuple[int, ...]) -> tuple[int, bytes | None]:
+    return 0, encode_attn_tensor_maps(printed.plan, sizes, *ptrs[:3])
+
+
+def _register() -> None:
+    register(Mapping("online_fold_mma_sync", "online_fold", "mma_sync", _print_mma_sync))
+    register(Mapping("online_fold_wgmma", "online_fold", "wgmma", _print_wgmma, _host_wgmma))
+
+
+_register()
