@@ -48,7 +48,7 @@ def check_kernel(kernel: Any, program: Any, sizes: dict[str, int], seed: int = 0
     out_type = program.tensor_type(program.output)
     shape = tuple(a.evaluate(sizes) for a in out_type.dims)
     out = torch.full(shape, float("nan"), device="cuda", dtype=getattr(torch, _TORCH[out_type.dtype]))
-    order = [op.name for op in _plan_inputs(kernel.plan)]
+    order = list(kernel.inputs)
     kernel(*[xs[n] for n in order], out=out)
     torch.cuda.synchronize()
     ref = run_program(program, sizes, {n: x.double().cpu().numpy() for n, x in xs.items()})[program.output]
@@ -57,12 +57,6 @@ def check_kernel(kernel: Any, program: Any, sizes: dict[str, int], seed: int = 0
     tol = TOLERANCE[out_type.dtype]
     return {"sizes": sizes, "rel_error": err, "tolerance": tol, "passed": bool(err <= tol),
             "nan": bool(np.isnan(got).any())}
-
-
-def _plan_inputs(plan: Any) -> tuple:
-    from codegen.plan import inputs
-
-    return inputs(plan)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -78,7 +72,7 @@ def main(args: argparse.Namespace) -> int:
         sizes = dict(d.check_sizes)
         sizes.update(parse_sizes(getattr(args, "sizes", None)))
         result = check_kernel(kernel, d.programs[0], sizes, seed=getattr(args, "seed", None) or 0)
-    print(f"{kernel.plan.kernel_name} at {', '.join(f'{k}={v}' for k, v in sizes.items())}: "
+    print(f"{kernel.name} at {', '.join(f'{k}={v}' for k, v in sizes.items())}: "
           f"‖out − ref‖/‖ref‖ = {result['rel_error']:.3e} (tolerance {result['tolerance']:.0e}) "
           f"{'ok' if result['passed'] else 'FAILED'}")
     if not args.check:

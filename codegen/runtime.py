@@ -1,8 +1,13 @@
-"""Load and launch generated kernels on CuPy arrays or torch CUDA tensors.
+"""Load and launch printed kernels on CuPy arrays or torch CUDA tensors.
 
 `import codegen.runtime` works without CuPy or a GPU: cupy (and torch) are imported lazily.
-Compilation when no cubin is given: codegen.nvrtc.compile_cubin (the project's NVRTC path with
-its sha256 cache) where NVRTC is found, else CuPy's NVRTC (cupy.RawModule(code=..., backend='nvrtc')).
+A call checks its arguments against the kernel IR's tensors (rank, dtype, contiguity, 16-byte
+alignment, fixed sizes), reads the dynamic sizes off the shapes, and launches.  Everything that
+depends only on the shapes — sizes, grid, the variant, the output shape, the size arguments —
+is computed once per shape and cached, so a repeated call costs an argument check and a launch;
+TMA tensor maps are encoded once per (pointers, shapes).  A call never synchronizes and never
+copies to the device after its first call for a shape and pointer set, so it can be captured
+in a CUDA graph after a warm-up call.
 """
 from __future__ import annotations
 
@@ -11,11 +16,11 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from codegen.launch import launch_config
-from codegen.plan import AttentionPlan, ContractionPlan, Plan, inputs, output, size_names
-from codegen.render import KernelSource, render
+from compiler.machine import DEVICE, DTYPES
 
-_TORCH_DTYPES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32"}
+from .mappings import Printed, mapping_named
+from .source import KernelSource
+
 _ALIGN = 16
 
 
@@ -26,30 +31,6 @@ def compile_source(ks: KernelSource) -> bytes:
     if nvrtc.nvrtc_available():
         return nvrtc.compile_cubin(source=ks.source, name=ks.entry, options=ks.options).cubin
     return b""
-
-
-_STREAMS: dict = {}
-
-
-def _torch_stream(cupy, ts, dev):
-    """A CuPy view of torch's current stream (cached: building one costs microseconds)."""
-    key = (dev, ts.cuda_stream)
-    st = _STREAMS.get(key)
-    if st is None:
-        import warnings
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            st = cupy.cuda.ExternalStream(ts.cuda_stream, dev)
-        _STREAMS[key] = st
-    return st
-
-
-@dataclass
-class _View:
-    ptr: int
-    shape: tuple[int, ...]
-    kind: str  # 'cupy' | 'torch'
-    device: int
 
 
 def load_module(ks: KernelSource, cubin: Optional[bytes]):
@@ -68,8 +49,7 @@ def load_module(ks: KernelSource, cubin: Optional[bytes]):
         finally:
             os.unlink(path)
     else:
-        opts = tuple(o for o in ks.options
-                     if not (o.startswith("-arch") or o.startswith("--gpu-architecture")))
+        opts = tuple(o for o in ks.options if not (o.startswith("-arch") or o.startswith("--gpu-architecture")))
         module = cupy.RawModule(code=ks.source, options=opts, backend="nvrtc")
         fn = module.get_function(ks.entry)
     if ks.smem_bytes > 48 * 1024:
@@ -77,147 +57,187 @@ def load_module(ks: KernelSource, cubin: Optional[bytes]):
     return module, fn
 
 
+@dataclass(frozen=True)
+class _Shape:
+    """What one input shape fixes: sizes, output shape, grid, size arguments."""
+
+    sizes: dict[str, int]
+    out_shape: tuple[int, ...]
+    grids: tuple[tuple[int, int, int], ...]  # per variant
+    size_args: tuple[Any, ...]
+    empty: bool
+
+
 class CompiledKernel:
-    """A plan's kernel, loaded and callable: out = kernel(*inputs)."""
+    """A printed kernel, loaded and callable: out = kernel(*inputs)."""
 
-    def __init__(self, plan: Plan, cubin: Optional[bytes] = None, source: Optional[KernelSource] = None,
-                 tma_cubin: Optional[bytes] = None):
-        self.plan = plan
-        self.ks = source if source is not None else render(plan)
-        self.module, self.fn = load_module(self.ks, cubin)
-        self._ins = inputs(plan)
-        self._out = output(plan)
-        # MAP-MMA to wgmma: the warp-specialized TMA variant runs when sizes and pointers allow
-        # (16-byte rows and bases), the cp.async variant otherwise.
-        self.tma = None
+    def __init__(self, printed: Printed, cubins: Optional[dict[str, bytes]] = None):
+        self.printed = printed
+        self.kernel = printed.kernel
+        cubins = cubins or {}
+        self._fns = [load_module(v.source, cubins.get(v.stem))[1] for v in printed.variants]
+        self._ins = self.kernel.inputs
+        self._out = self.kernel.output
+        self._host = mapping_named(printed.mapping).host
+        self._shapes: dict[tuple, _Shape] = {}
         self._maps: dict[tuple, Any] = {}
-        if isinstance(plan, ContractionPlan) and plan.mma == "wgmma":
-            ks_tma = render(plan, tma=True)
-            self.tma = (ks_tma,) + load_module(ks_tma, tma_cubin)
+        self._streams: dict[tuple, Any] = {}
 
+    @property
+    def name(self) -> str:
+        return self.kernel.name
 
-    def _tensor_maps(self, cupy, dev: int, key: tuple, encode) -> int:
-        """Device address of the TMA tensor maps for these inputs and sizes, encoded on the host
-        once per (pointers, sizes, device) and kept on the device."""
+    # -- shapes ---------------------------------------------------------------------------
+    def _shape(self, shapes: tuple[tuple[int, ...], ...]) -> _Shape:
+        got = self._shapes.get(shapes)
+        if got is None:
+            got = self._shapes[shapes] = self._geometry(shapes)
+        return got
+
+    def _geometry(self, shapes: tuple[tuple[int, ...], ...]) -> _Shape:
         import numpy as np
 
-        key = key + (dev,)
-        if key not in self._maps:
-            if len(self._maps) > 64:
-                self._maps.clear()
-            with cupy.cuda.Device(dev):
-                self._maps[key] = cupy.asarray(np.frombuffer(encode(), dtype=np.uint8))
-        return self._maps[key].data.ptr
+        fixed = self.kernel.fixed()
+        sizes: dict[str, int] = dict(fixed)
+        for t, shape in zip(self._ins, shapes):
+            if len(shape) != len(t.dims):
+                raise ValueError(f"{t.name}: rank {len(shape)}, expected {len(t.dims)} [{', '.join(map(str, t.dims))}]")
+            for a, n in zip(t.dims, shape):
+                if len(a.terms) == 1 and a.terms[0][1] == 1 and not a.const:
+                    name = a.terms[0][0]
+                    if name in sizes and sizes[name] != n:
+                        what = "the kernel was compiled for" if name in fixed else "an earlier operand has"
+                        raise ValueError(f"{t.name}: dim {name} = {n} but {what} {name} = {sizes[name]}")
+                    sizes[name] = n
+        for n in self.kernel.dynamic():
+            if n not in sizes:
+                raise ValueError(f"size {n} is not the extent of any input dimension; cannot infer it")
+            if not 0 <= sizes[n] < 2**31:
+                raise ValueError(f"size {n} = {sizes[n]} does not fit the kernel's int32 size argument")
+        for t, shape in zip(self._ins, shapes):
+            want = tuple(a.evaluate(sizes) for a in t.dims)
+            if tuple(shape) != want:
+                raise ValueError(f"{t.name}: shape {tuple(shape)}, expected {want}")
+        out_shape = tuple(a.evaluate(sizes) for a in self._out.dims)
+        grids = []
+        for v in self.printed.variants:
+            grid = [1, 1, 1]
+            for axis, ext in v.launch.grid:
+                grid["xyz".index(axis)] = max(1, ext.evaluate(sizes))
+            for i, (n, lim) in enumerate(zip(grid, DEVICE.grid_limits)):
+                if n > lim:
+                    raise ValueError(f"grid axis {'xyz'[i]} needs {n} blocks > the device limit {lim}")
+            grids.append(tuple(grid))
+        size_args = tuple(np.int32(sizes[n]) for n in self.kernel.dynamic())
+        return _Shape(sizes, out_shape, tuple(grids), size_args, any(n == 0 for n in out_shape))
 
-    # -- argument checks ---------------------------------------------------------------------
-    def _view(self, x: Any, op) -> _View:
+    # -- arguments ------------------------------------------------------------------------
+    @staticmethod
+    def _view(x: Any, t) -> tuple[int, tuple[int, ...], str, int]:
         mod = type(x).__module__.split(".")[0]
-        if mod == "cupy":
-            import numpy as np
-            want = {"f16": np.float16, "f32": np.float32}.get(op.dtype)
-            if want is None:
-                raise ValueError(f"{op.name}: dtype {op.dtype} needs a torch tensor (CuPy has no bfloat16)")
-            if x.dtype != np.dtype(want):
-                raise ValueError(f"{op.name}: dtype {x.dtype}, kernel expects {op.dtype}")
-            if not x.flags.c_contiguous:
-                raise ValueError(f"{op.name}: must be C-contiguous (row-major)")
-            return _View(int(x.data.ptr), tuple(x.shape), "cupy", x.device.id)
+        dt = DTYPES[t.dtype]
         if mod == "torch":
             import torch
             if not x.is_cuda:
-                raise ValueError(f"{op.name}: torch tensor must be on a CUDA device")
-            if x.dtype != getattr(torch, _TORCH_DTYPES[op.dtype]):
-                raise ValueError(f"{op.name}: dtype {x.dtype}, kernel expects {op.dtype}")
+                raise ValueError(f"{t.name}: torch tensor must be on a CUDA device")
+            if x.dtype != getattr(torch, dt.torch):
+                raise ValueError(f"{t.name}: dtype {x.dtype}, kernel expects {t.dtype}")
             if not x.is_contiguous():
-                raise ValueError(f"{op.name}: must be contiguous (row-major)")
-            return _View(int(x.data_ptr()), tuple(x.shape), "torch", x.device.index)
-        raise ValueError(f"{op.name}: expected a CuPy array or torch CUDA tensor, got {type(x).__name__}")
-
-    def sizes_of(self, views: list[_View]) -> dict[str, int]:
-        sizes: dict[str, int] = {}
-        for op, v in zip(self._ins, views):
-            if len(v.shape) != len(op.dims):
-                raise ValueError(f"{op.name}: rank {len(v.shape)}, expected {len(op.dims)} {op.dims}")
-            for d, n in zip(op.dims, v.shape):
-                if d in sizes and sizes[d] != n:
-                    raise ValueError(f"{op.name}: dim {d} = {n} but an earlier operand has {d} = {sizes[d]}")
-                sizes[d] = n
-        fixed = dict(self.plan.fixed)
-        for d, n in sizes.items():
-            if d in fixed and n != fixed[d]:
-                raise ValueError(f"dim {d} = {n}, kernel compiled for {d} = {fixed[d]}")
-        for d in size_names(self.plan):
-            sizes.setdefault(d, fixed.get(d, 0))
-        self._check_divisible(sizes)
-        return sizes
-
-    def _check_divisible(self, sizes: dict[str, int]) -> None:
-        """An unguarded dim (guard flag False) was proven divisible by its tile: enforce it."""
-        p = self.plan
-        if isinstance(p, ContractionPlan):
-            pairs = [(p.m, p.block_m, p.guard_m), (p.n, p.block_n, p.guard_n), (p.k, p.block_k, p.guard_k)]
+                raise ValueError(f"{t.name}: must be contiguous (row-major)")
+            ptr = x.data_ptr()
+            view = (ptr, tuple(x.shape), "torch", x.device.index)
+        elif mod == "cupy":
+            if dt.numpy is None:
+                raise ValueError(f"{t.name}: dtype {t.dtype} needs a torch tensor (CuPy has no {t.dtype})")
+            if x.dtype.name != dt.numpy:
+                raise ValueError(f"{t.name}: dtype {x.dtype}, kernel expects {t.dtype}")
+            if not x.flags.c_contiguous:
+                raise ValueError(f"{t.name}: must be C-contiguous (row-major)")
+            ptr = x.data.ptr
+            view = (ptr, tuple(x.shape), "cupy", x.device.id)
         else:
-            pairs = [(p.seq_q, p.block_m, p.guard_q), (p.seq_k, p.block_n, p.guard_kv)]
-        for d, t, g in pairs:
-            if not g and sizes[d] % t:
-                raise ValueError(f"dim {d} = {sizes[d]} is not a multiple of its tile {t} and the "
-                                 "kernel was compiled without a guard for it")
+            raise ValueError(f"{t.name}: expected a CuPy array or torch CUDA tensor, got {type(x).__name__}")
+        if ptr % _ALIGN:
+            raise ValueError(f"{t.name}: data pointer must be {_ALIGN}-byte aligned")
+        return view
 
-    def __call__(self, *xs: Any, out: Any = None) -> Any:
+    def _stream(self, kind: str, dev: int):
+        import cupy
+
+        if kind == "torch":
+            import torch
+
+            ts = torch.cuda.current_stream(dev)
+            key = (dev, ts.cuda_stream)
+            st = self._streams.get(key)
+            if st is None:
+                import warnings
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    st = self._streams[key] = cupy.cuda.ExternalStream(ts.cuda_stream, dev)
+            return st
+        return cupy.cuda.get_current_stream()
+
+    def _tensor_maps(self, dev: int, key: tuple, encode) -> Any:
         import cupy
         import numpy as np
 
+        got = self._maps.get(key)
+        if got is None:
+            if len(self._maps) > 64:
+                self._maps.clear()
+            with cupy.cuda.Device(dev):
+                got = self._maps[key] = cupy.asarray(np.frombuffer(encode(), dtype=np.uint8))
+        return np.uint64(got.data.ptr)
+
+    def __call__(self, *xs: Any, out: Any = None) -> Any:
+        import numpy as np
+
         if len(xs) != len(self._ins):
-            raise ValueError(f"expected {len(self._ins)} inputs ({', '.join(o.name for o in self._ins)}), got {len(xs)}")
-        views = [self._view(x, op) for x, op in zip(xs, self._ins)]
-        kinds = {v.kind for v in views}
-        if len(kinds) != 1 or len({v.device for v in views}) != 1:
-            raise ValueError("inputs must all be CuPy arrays or all torch tensors, on one device")
-        kind, dev = views[0].kind, views[0].device
-        sizes = self.sizes_of(views)
-        shape = tuple(sizes[d] for d in self._out.dims)
+            raise ValueError(f"expected {len(self._ins)} inputs ({', '.join(t.name for t in self._ins)}), got {len(xs)}")
+        views = [self._view(x, t) for x, t in zip(xs, self._ins)]
+        kind, dev = views[0][2], views[0][3]
+        for v in views[1:]:
+            if v[2] != kind or v[3] != dev:
+                raise ValueError("inputs must all be CuPy arrays or all torch tensors, on one device")
+        geo = self._shape(tuple(v[1] for v in views))
         if out is None:
-            if kind == "torch":
-                import torch
-                out = torch.empty(shape, dtype=getattr(torch, _TORCH_DTYPES[self._out.dtype]),
-                                  device=f"cuda:{dev}")
-            else:
-                out = cupy.empty(shape, dtype={"f16": np.float16, "f32": np.float32}[self._out.dtype])
+            out = self._empty(kind, dev, geo.out_shape)
         ov = self._view(out, self._out)
-        if ov.shape != shape:
-            raise ValueError(f"{self._out.name}: shape {ov.shape}, expected {shape}")
-        for op, v in zip(self._ins + (self._out,), views + [ov]):
-            if v.ptr % _ALIGN:
-                raise ValueError(f"{op.name}: data pointer must be {_ALIGN}-byte aligned")
-        if any(n == 0 for n in shape):
+        if ov[1] != geo.out_shape:
+            raise ValueError(f"{self._out.name}: shape {ov[1]}, expected {geo.out_shape}")
+        if geo.empty:
             return out
-        fn = self.fn
-        args = [np.uint64(v.ptr) for v in views] + [np.uint64(ov.ptr)]
-        args += [np.int32(sizes[d]) for d in self.plan.dynamic]
-        use_tma = False
-        if isinstance(self.plan, AttentionPlan) and self.plan.mma == "wgmma":
-            from codegen.render_attn_wgmma import encode_attn_tensor_maps
+        ptrs = tuple(v[0] for v in views)
+        index, extra = 0, None
+        if self._host is not None:
+            key = (ptrs, tuple(v[1] for v in views), dev)
+            cached = self._maps.get(("choice",) + key)
+            if cached is None:
+                index, raw = self._host(self.printed, geo.sizes, ptrs)
+                cached = (index, self._tensor_maps(dev, key, lambda: raw) if raw is not None else None)
+                self._maps[("choice",) + key] = cached
+            index, extra = cached
+        launch = self.printed.variants[index].launch
+        args = tuple(np.uint64(p) for p in ptrs) + (np.uint64(ov[0]),) + geo.size_args
+        if extra is not None:
+            args = args + (extra,)
+        import cupy
 
-            args.append(np.uint64(self._tensor_maps(
-                cupy, dev, (tuple(v.ptr for v in views), tuple(sorted(sizes.items()))),
-                lambda: encode_attn_tensor_maps(self.plan, sizes, *(v.ptr for v in views)))))
-        elif self.tma is not None:
-            from codegen.render_wgmma import encode_tensor_maps, tma_supported
-
-            ptrs = tuple(v.ptr for v in views)
-            use_tma = tma_supported(self.plan, sizes, ptrs)
-            if use_tma:
-                args.append(np.uint64(self._tensor_maps(
-                    cupy, dev, (ptrs, tuple(sorted(sizes.items()))),
-                    lambda: encode_tensor_maps(self.plan, sizes, *ptrs))))
-                fn = self.tma[2]
-        grid, block, smem = launch_config(self.plan, sizes, tma=use_tma)
-        with cupy.cuda.Device(dev):
-            if kind == "torch":
-                import torch
-                stream = _torch_stream(cupy, torch.cuda.current_stream(dev), dev)
-            else:
-                stream = cupy.cuda.get_current_stream()
+        stream = self._stream(kind, dev)
+        if cupy.cuda.runtime.getDevice() != dev:
+            with cupy.cuda.Device(dev), stream:
+                self._fns[index](geo.grids[index], (launch.threads, 1, 1), args, shared_mem=launch.smem_bytes)
+        else:
             with stream:
-                fn(grid, block, tuple(args), shared_mem=smem)
+                self._fns[index](geo.grids[index], (launch.threads, 1, 1), args, shared_mem=launch.smem_bytes)
         return out
+
+    def _empty(self, kind: str, dev: int, shape: tuple[int, ...]) -> Any:
+        dt = DTYPES[self._out.dtype]
+        if kind == "torch":
+            import torch
+            return torch.empty(shape, dtype=getattr(torch, dt.torch), device=f"cuda:{dev}")
+        import cupy
+        with cupy.cuda.Device(dev):
+            return cupy.empty(shape, dtype=dt.numpy)

@@ -7,6 +7,9 @@
 
 Dynamic sizes (batch, heads, sequence length) are read off the arguments at each call: one
 compiled kernel serves every value.  Fixed sizes (head dim) and dtypes must match the build.
+`load` re-derives the kernel from the directory's derivation.json (replaying the schedule on the
+recorded spec, lowering and printing again) and refuses a directory whose kernel sources differ
+from what the derivation gives: what runs is what was derived.
 """
 from __future__ import annotations
 
@@ -22,30 +25,48 @@ class Kernel:
     """A derived kernel: call it on the spec's inputs, in the order the spec declares them."""
 
     def __init__(self, out_dir: Path):
-        from codegen.build import plan_from_json
+        from codegen.ctx_common import DEFAULT_OPTIONS
+        from codegen.lower import lower
+        from codegen.mappings import print_kernel
         from codegen.runtime import CompiledKernel
+        from compiler.trace import replay, spec_of_trace
 
         self.out_dir = Path(out_dir)
-        plan_file = self.out_dir / "plan.json"
-        if not plan_file.exists():
-            reason = (self.out_dir / "codegen.txt").read_text().strip() if (self.out_dir / "codegen.txt").exists() else "no plan.json"
-            raise ValueError(f"{self.out_dir}: no kernel to load ({reason})")
-        self.plan = plan_from_json(json.loads(plan_file.read_text()))
-        cubin_file = self.out_dir / "kernel.cubin"
-        cubin = cubin_file.read_bytes() if cubin_file.exists() else None
-        tma_file = self.out_dir / "kernel_tma.cubin"
-        tma = tma_file.read_bytes() if tma_file.exists() else None
-        self._kernel = CompiledKernel(self.plan, cubin=cubin, tma_cubin=tma)
+        trace_file = self.out_dir / "derivation.json"
+        if not trace_file.exists():
+            raise ValueError(f"{self.out_dir}: no derivation.json (not a derivc build directory)")
+        trace = json.loads(trace_file.read_text())
+        spec = spec_of_trace(trace)
+        final = replay(spec, trace)
+        printed = print_kernel(lower(final, spec.name), DEFAULT_OPTIONS)
+        cubins: dict[str, bytes] = {}
+        for v in printed.variants:
+            cu = self.out_dir / f"{v.stem}.cu"
+            if not cu.exists():
+                raise ValueError(f"{self.out_dir}: no {cu.name} (built with --no-codegen?)")
+            if cu.read_text() != v.source.source:
+                raise ValueError(f"{cu}: differs from the kernel the derivation gives; rebuild the directory")
+            cubin = self.out_dir / f"{v.stem}.cubin"
+            if cubin.exists():
+                cubins[v.stem] = cubin.read_bytes()
+        self.kir = printed.kernel
+        self.plan = printed.plan
+        self.inputs = tuple(t.name for t in printed.kernel.inputs)
+        self._kernel = CompiledKernel(printed, cubins)
 
     def __call__(self, *inputs: Any, out: Any = None) -> Any:
         return self._kernel(*inputs, out=out)
 
+    @property
+    def name(self) -> str:
+        return self.kir.name
+
     def __repr__(self) -> str:
-        return f"derivc.Kernel({self.plan.kernel_name}, from {self.out_dir})"
+        return f"derivc.Kernel({self.kir.name}, from {self.out_dir})"
 
 
 def build(path: str | Path, out_dir: str | Path | None = None, *, seed: int | None = None) -> Kernel:
-    """Derive `path` (checking every step), emit and compile its kernel, and load it.
+    """Derive `path` (checking every step and the lowering), emit and compile its kernel, load it.
 
     Proof obligations are not written here; `derivc build` writes and `derivc verify` checks them.
     """

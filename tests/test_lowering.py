@@ -1,0 +1,317 @@
+"""The kernel IR: total lowering, translation validation in every build, printers that read the
+kernel IR (never names or flags), and the probes that used to build into wrong kernels."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+
+from codegen import kir_interp
+from codegen.build import CodegenError, lower_checked
+from codegen.kir import Compute, Stage, TileLoop
+from codegen.lower import LoweringError, lower
+from codegen.mappings import print_kernel
+from codegen.ctx_common import DEFAULT_OPTIONS
+from compiler.cli import main as cli_main
+from compiler.derive import derive
+from compiler.ir import Bin, Cond, Const, Read, Select
+from compiler.spec import load_spec_file
+
+ROOT = Path(__file__).resolve().parents[1]
+EX = ROOT / "examples"
+
+
+def build(tmp_path: Path, spec: dict | Path, *extra: str) -> tuple[int, str, Path]:
+    import contextlib
+    import io
+
+    if isinstance(spec, dict):
+        path = tmp_path / f"{spec['name']}.yaml"
+        path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    else:
+        path = spec
+    out = tmp_path / (path.stem + ".build")
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = cli_main(["build", str(path), "-o", str(out), "--no-proofs", "--seed", "3", *extra])
+    return code, err.getvalue(), out
+
+
+def example(name: str, **edits) -> dict:
+    spec = yaml.safe_load((EX / f"{name}.yaml").read_text())
+    spec["name"] = spec["name"] + "_" + "_".join(sorted(edits)) if edits else spec["name"]
+    for k, v in edits.items():
+        spec[k] = v
+    return spec
+
+
+def final_program(spec: dict, tmp_path: Path):
+    path = tmp_path / f"{spec['name']}.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    s = load_spec_file(path)
+    return derive(s, str(path), seed=5), s.name
+
+
+# --------------------------------------------------------------------------- validation step
+
+
+def test_every_build_records_the_lowering_step(tmp_path):
+    code, err, out = build(tmp_path, EX / "gemm.yaml")
+    assert code == 0, err
+    trace = json.loads((out / "derivation.json").read_text())
+    last = trace["steps"][-1]
+    assert last["rule"] == "lowering" and last["numeric"]["passed"]
+    assert last["numeric"]["rel_error"] <= 1e-12
+    assert "lowering" in (out / "report.md").read_text()
+    assert (out / "kir.txt").read_text().startswith("kernel derivc_gemm")
+
+
+def test_kernel_ir_interpreter_catches_a_dropped_guard(tmp_path):
+    d, name = final_program(example("flash_attention"), tmp_path)
+    k = lower(d.final, name)
+    sizes = dict(d.check_sizes)
+    assert kir_interp.validate(k, d.final, sizes, 1)["rel_error"] <= 1e-12
+    # the lowering forgets the K tile's zero fill: partial key tiles read past N
+    loop = next(s for s in k.body if isinstance(s, TileLoop))
+    body = tuple(replace(s, value=s.value.then) if isinstance(s, Stage) and s.buf.source == "K" else s
+                 for s in loop.body)
+    bad = replace(k, body=tuple(replace(s, body=body) if s is loop else s for s in k.body))
+    assert kir_interp.validate(bad, d.final, sizes, 1)["rel_error"] > 1e-12
+    # ... or the store guard: rows past N are written out of bounds
+    bad2 = replace(k, store=replace(k.store, guard=()))
+    with pytest.raises(kir_interp.KirError, match="outside"):
+        kir_interp.validate(bad2, d.final, sizes, 1)
+
+
+def test_lowering_refuses_what_it_cannot_translate(tmp_path):
+    spec = example("attention_naive")
+    code, err, out = build(tmp_path, spec)
+    assert code == 3 and "definitions" in err and "FUSE" in err and not out.exists()
+    d, name = final_program(example("flash_attention", schedule=example("flash_attention")["schedule"][:3]), tmp_path)
+    with pytest.raises(LoweringError):
+        lower(d.final, name)
+
+
+def test_a_wrong_lowering_stops_the_build(tmp_path, monkeypatch):
+    """A lowering that drops a condition is caught by the translation validation (exit 3)."""
+    import codegen.lower as low
+
+    orig = low._Lowering.expr
+
+    def drop_conditions(self, e, inside_dims=False):
+        if isinstance(e, Select) and e.other == Const(float("-inf")):
+            e = e.then
+        return orig(self, e, inside_dims)
+
+    monkeypatch.setattr(low._Lowering, "expr", drop_conditions)
+    code, err, out = build(tmp_path, EX / "flash_attention.yaml")
+    assert code == 3 and "lowering" in err and "kernel IR disagrees" in err and not out.exists()
+
+
+# --------------------------------------------------------------------------- the probes
+
+
+def attention_spec(mask: str, schedule_from: str = "flash_attention") -> dict:
+    spec = example(schedule_from)
+    spec["statements"][1] = f"P[b, h, i, j] = softmax(j | {mask}: S[b, h, i, j])"
+    spec["name"] = spec["name"] + "_" + mask.replace(" ", "").replace("<=", "le").replace("<", "lt")
+    return spec
+
+
+@pytest.mark.parametrize("source", ["flash_attention", "flash_attention_wgmma", "flash_attention_small_tiles"])
+def test_strict_causal_mask_reaches_the_kernel(tmp_path, source):
+    code, err, out = build(tmp_path, attention_spec("j < i", source))
+    assert code == 0, err
+    kir = (out / "kir.txt").read_text()
+    assert "+ 64*jo < ii" in kir or "+ 128*jo < ii" in kir, kir
+    strict = (out / "kernel.cu").read_text()
+    code, err, out2 = build(tmp_path, attention_spec("j <= i", source))
+    assert code == 0, err
+    assert strict != (out2 / "kernel.cu").read_text(), "the strict mask must change the kernel"
+    assert ") < ((row - q0)" in strict  # the printed condition, not a flag
+
+
+def test_masked_contraction_on_tensor_cores_is_refused_by_name(tmp_path):
+    spec = example("gemm")
+    spec["statements"] = ["C[i, j] = sum(k | k <= i: A[i, k] * B[k, j])"]
+    spec["name"] = "gemm_masked"
+    code, err, out = build(tmp_path, spec)
+    assert code == 3 and not out.exists()
+    assert "ki + 64*ko <= ii + 128*io" in err and "not implied" in err
+
+
+def test_masked_contraction_on_simt_prints_the_condition(tmp_path):
+    spec = example("gemm_f32_simt")
+    spec["statements"] = ["C[i, j] = sum(k | k <= i: A[i, k] * B[k, j])"]
+    spec["name"] = "gemm_masked_simt"
+    code, err, out = build(tmp_path, spec)
+    assert code == 0, err
+    assert "(v_ki + 16 * v_ko) <= (v_ii + 64 * v_io)" in (out / "kernel.cu").read_text()
+
+
+def simt_nocache(statement: str, name: str) -> dict:
+    return {"name": name, "sizes": {"N": "dynamic"},
+            "inputs": {"A": {"shape": ["N", "N"], "dtype": "f32"}, "B": {"shape": ["N", "N"], "dtype": "f32"}},
+            "statements": [statement], "output": {"tensor": "C", "dtype": "f32"}, "check_sizes": {"N": 70},
+            "schedule": [{"rule": "tile", "def": "C", "index": "i", "size": 32},
+                         {"rule": "tile", "def": "C", "index": "j", "size": 32},
+                         {"rule": "reorder", "def": "C", "outer": "ii", "inner": "jo"},
+                         {"rule": "tile", "def": "C", "index": "k", "size": 16},
+                         {"rule": "parallel", "def": "C", "index": "io", "to": "grid.y"},
+                         {"rule": "parallel", "def": "C", "index": "jo", "to": "grid.x"},
+                         {"rule": "parallel", "def": "C", "index": "ii", "to": "warp", "count": 2},
+                         {"rule": "cache", "def": "C", "accumulator": "ko", "level": "register", "dtype": "f32"}]}
+
+
+def test_transposed_operand_changes_the_kernel(tmp_path):
+    code, err, out_t = build(tmp_path, simt_nocache("C[i, j] = sum(k: A[k, i] * B[k, j])", "at_b"))
+    assert code == 0, err
+    code, err, out = build(tmp_path, simt_nocache("C[i, j] = sum(k: A[i, k] * B[k, j])", "a_b"))
+    assert code == 0, err
+    src_t, src = (out_t / "kernel.cu").read_text(), (out / "kernel.cu").read_text()
+    assert src_t.replace("at_b", "a_b") != src
+    # A[k, i]: the row index of A is the k expression
+    assert "p_A[(long long)(v_ki + 16 * v_ko) * 1LL * (long long)(sz_N)" in src_t
+
+
+# --------------------------------------------------------------------------- printers read the kernel IR
+
+
+def _fold_kernel(tmp_path, source="flash_attention"):
+    d, name = final_program(example(source), tmp_path)
+    return d, lower(d.final, name)
+
+
+def _map_fold(k, f):
+    loop = next(s for s in k.body if isinstance(s, TileLoop))
+    new = replace(loop, state=tuple(replace(st, update=f(st.name, st.update)) for st in loop.state))
+    return replace(k, body=tuple(new if s is loop else s for s in k.body))
+
+
+@pytest.mark.parametrize("source", ["flash_attention", "flash_attention_wgmma"])
+@pytest.mark.parametrize("mutation", ["no_l_rescale", "no_acc_rescale", "max_zero", "stale_max"])
+def test_fold_printer_refuses_an_update_it_does_not_implement(tmp_path, source, mutation):
+    """Even if a wrong fold reached the kernel IR, the tensor-core printer prints no kernel."""
+    d, k = _fold_kernel(tmp_path, source)
+    print_kernel(k, DEFAULT_OPTIONS)  # control
+
+    def mutate(name, upd):
+        if mutation == "no_l_rescale" and name == "l":
+            return Bin("+", Read("l", ()), upd.b)
+        if mutation == "no_acc_rescale" and name == "acc":
+            return Bin("+", Read("acc", ()), upd.b)
+        if mutation == "max_zero" and name == "m":
+            return Const(0.0)
+        if mutation == "stale_max" and name == "m":
+            return Read("m", ())
+        return upd
+
+    from codegen.lower import UnsupportedMapping
+
+    with pytest.raises(UnsupportedMapping, match="update"):
+        print_kernel(_map_fold(k, mutate), DEFAULT_OPTIONS)
+
+
+def test_a_redundant_conjunct_does_not_change_the_kernel(tmp_path):
+    """Dropping `j < N` from the P·V guard (P is already 0 there) is a correct rewrite: the
+    kernel keeps the K / V tail zero fill, because that comes from the staged copies."""
+    d, k = _fold_kernel(tmp_path)
+    loop = next(s for s in k.body if isinstance(s, TileLoop))
+    acc = next(st for st in loop.state if st.name == "acc")
+    pv = acc.update.b
+    sel = pv.body
+    assert isinstance(sel, Select) and len(sel.conds) == 2
+    fewer = replace(pv, body=Select(sel.conds[1:], sel.then, sel.other))
+    k2 = _map_fold(k, lambda name, u: Bin("+", u.a, fewer) if name == "acc" else u)
+    assert kir_interp.validate(k2, d.final, dict(d.check_sizes), 2)["rel_error"] <= 1e-12
+    a = print_kernel(k, DEFAULT_OPTIONS).variants[0].source.source
+    b = print_kernel(k2, DEFAULT_OPTIONS).variants[0].source.source
+    assert a == b
+
+
+def test_score_mask_must_match_between_s_and_p(tmp_path):
+    d, k = _fold_kernel(tmp_path)
+    loop = next(s for s in k.body if isinstance(s, TileLoop))
+    p_stmt = [s for s in loop.body if isinstance(s, Compute)][2]
+    sel = p_stmt.value
+    changed = replace(p_stmt, value=Select(sel.conds[:1], sel.then, sel.other))
+    k2 = replace(k, body=tuple(replace(s, body=tuple(changed if t is p_stmt else t for t in s.body))
+                               if s is loop else s for s in k.body))
+    from codegen.lower import UnsupportedMapping
+
+    with pytest.raises(UnsupportedMapping, match="mask"):
+        print_kernel(k2, DEFAULT_OPTIONS)
+
+
+def test_negative_scale_is_refused(tmp_path):
+    spec = example("flash_attention")
+    spec["params"] = {"scale": -0.125}
+    spec["name"] = "fa_negative_scale"
+    code, err, out = build(tmp_path, spec)
+    assert code == 3 and "scale" in err and "positive" in err
+
+
+# --------------------------------------------------------------------------- rule mutations end to end
+
+
+def _mutated(monkeypatch, rule: str, f):
+    from compiler.rules import RULES
+
+    r = RULES[rule]
+    orig = r.rewrite
+    monkeypatch.setattr(r, "rewrite", lambda prog, p, facts: f(orig(prog, p, facts), facts))
+
+
+def _map_exprs(prog, f):
+    from compiler.ir import map_children
+
+    def go(e):
+        return f(map_children(e, go))
+
+    return prog.with_def(replace(prog.defs[-1], body=go(prog.defs[-1].body)))
+
+
+ONLINE = {
+    "no_l_rescale": lambda e: Bin("+", e.a.a, e.b) if isinstance(e, Bin) and e.op == "+" and isinstance(e.a, Bin)
+    and e.a.op == "*" and e.a.a == Read("l", ()) else e,
+    "no_acc_rescale": lambda e: Bin("+", e.a.a, e.b) if isinstance(e, Bin) and e.op == "+" and isinstance(e.a, Bin)
+    and e.a.op == "*" and e.a.a == Read("acc", ()) else e,
+    "max_zero": lambda e: Const(0.0) if e == Read("m_new", ()) else e,
+}
+
+
+@pytest.mark.parametrize("mutation", sorted(ONLINE))
+@pytest.mark.parametrize("step_check", [True, False])
+def test_mutated_online_agg_never_yields_a_kernel(tmp_path, monkeypatch, mutation, step_check):
+    _mutated(monkeypatch, "online_agg", lambda prog, facts: _map_exprs(prog, ONLINE[mutation]))
+    if not step_check:  # even without the per-step check, the build must not produce a kernel
+        import compiler.derive as der
+        monkeypatch.setattr(der, "numeric_check", lambda *a, **k: 0.0)
+    code, err, out = build(tmp_path, EX / "flash_attention.yaml")
+    assert code == 3, err
+    assert not out.exists()
+
+
+MUTATIONS = {
+    # TILE drops the tail guard of a loop tile
+    ("tile", "guard"): lambda prog, facts: prog.with_def(replace(prog.defs[-1], guard=())),
+    # swapped operand indices
+    ("tile", "swap"): lambda prog, facts: _map_exprs(prog, lambda e: Read(e.tensor, tuple(reversed(e.idx)))
+                                                      if isinstance(e, Read) and e.tensor == "B" and len(e.idx) == 2 else e),
+    # MASK drops a conjunct of the causal mask
+    ("skip_masked", "conjunct"): lambda prog, facts: _map_exprs(
+        prog, lambda e: Select(e.conds[:1], e.then, e.other) if isinstance(e, Select) and len(e.conds) == 2 else e),
+}
+
+
+@pytest.mark.parametrize("key", sorted(MUTATIONS))
+def test_mutated_rules_never_yield_a_kernel(tmp_path, monkeypatch, key):
+    rule, _ = key
+    _mutated(monkeypatch, rule, MUTATIONS[key])
+    source = EX / ("gemm.yaml" if rule == "tile" else "flash_attention.yaml")
+    code, err, out = build(tmp_path, source)
+    assert code == 3, err
+    assert not out.exists()
