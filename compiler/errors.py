@@ -1,6 +1,9 @@
 """The two kinds of failure `derivc` reports, each with its own exit code."""
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 EXIT_OK = 0
 EXIT_INVALID_INPUT = 2
 EXIT_DERIVATION_FAILED = 3
@@ -39,4 +42,17 @@ class DerivationError(Exception):
         return f"{loc}{step}({self.rule}): {self.reason}"
 
     def at(self, step: int, file: str = "") -> "DerivationError":
-        return DerivationError(self.rule, self.reason, step, file)
+        return type(self)(self.rule, self.reason, step, file)
+
+
+class StepInputError(DerivationError):
+    """A schedule step names something that does not exist (a definition, an index, a
+    tensor) or a name that is already taken: bad input (exit 2), reported at its step."""
+
+    exit_code = EXIT_INVALID_INPUT
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """' (did you mean 'x'?)' for the closest of `known`, or ''."""
+    close = difflib.get_close_matches(str(name), [str(k) for k in known], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""

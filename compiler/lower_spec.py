@@ -5,7 +5,8 @@ inferred from the dimensions they index (an index used for two different sizes i
 """
 from __future__ import annotations
 
-from .errors import SpecError
+from .errors import SpecError, did_you_mean
+from .names import name_problem
 from .ir import (
     Aff, Bin, Cond, Const, Def, Expr, Ext, Loop, Program, Read, Reduce, Select, Softmax,
     TensorType, Un,
@@ -17,14 +18,29 @@ from .parse import (
 from .spec import SpecFile, param_value
 
 
+# Points of the largest loop nest × reduction of IR₀ that a numeric check may evaluate.
+MAX_CHECK_POINTS = 2**27
+
+
+def _check_name(where: str, name: str) -> None:
+    problem = name_problem(name)
+    if problem:
+        raise SpecError(where, problem)
+
+
 class _Lowering:
     def __init__(self, spec: SpecFile):
         self.spec = spec
         self.types: dict[str, TensorType] = {}
+        _check_name("name", spec.name)
+        for field, names in (("sizes", spec.sizes), ("inputs", spec.inputs), ("params", spec.params)):
+            for name in names:
+                _check_name(f"{field}.{name}", name)
         for name, decl in spec.inputs.items():
             for k, dim in enumerate(decl.shape):
                 if dim not in spec.sizes:
-                    raise SpecError(f"inputs.{name}.shape[{k}]", f"unknown size {dim!r} (declared: {', '.join(spec.sizes)})")
+                    raise SpecError(f"inputs.{name}.shape[{k}]",
+                                    f"unknown size {dim!r}{did_you_mean(dim, spec.sizes)} (declared: {', '.join(spec.sizes)})")
             self.types[name] = TensorType(tuple(Aff.of(d) for d in decl.shape), decl.dtype)
         clash = set(spec.inputs) & set(spec.sizes) | set(spec.params) & (set(spec.sizes) | set(spec.inputs))
         if clash:
@@ -38,6 +54,10 @@ class _Lowering:
             raise SpecError(where, f"cannot parse {text!r}: {exc}") from None
         if st.tensor in self.types:
             raise SpecError(where, f"tensor {st.tensor} is already defined")
+        for name in (st.tensor, *st.idx, *_bound_in(st.body)):
+            problem = name_problem(name)
+            if problem:
+                raise SpecError(where, problem)
         for v in st.idx:
             if v in self.spec.sizes or v in self.types or v in self.spec.params:
                 raise SpecError(where, f"index {v} clashes with a size, tensor or parameter name")
@@ -63,7 +83,8 @@ class _Lowering:
         if isinstance(e, PRead):
             t = self.types.get(e.tensor)
             if t is None:
-                raise SpecError(where, f"unknown tensor {e.tensor!r} (known: {', '.join(self.types)})")
+                raise SpecError(where, f"unknown tensor {e.tensor!r}{did_you_mean(e.tensor, self.types)} "
+                                       f"(known: {', '.join(self.types)})")
             if len(e.idx) != len(t.dims):
                 raise SpecError(where, f"{e.tensor} has {len(t.dims)} dimensions, indexed with {len(e.idx)}")
             for a, dim in zip(e.idx, t.dims):
@@ -89,7 +110,7 @@ class _Lowering:
     def aff(self, a: PAff, bound: set[str], where: str) -> Aff:
         for n, _ in a.coefs:
             if n not in bound and n not in self.spec.sizes:
-                raise SpecError(where, f"unknown index {n!r}")
+                raise SpecError(where, f"unknown index {n!r}{did_you_mean(n, list(bound) + list(self.spec.sizes))}")
         return Aff.build(dict(a.coefs), a.const)
 
     def cond(self, c: PCond, bound: set[str], where: str) -> Cond:
@@ -101,7 +122,8 @@ class _Lowering:
         if isinstance(e, PName):
             if e.name in self.spec.params:
                 return Const(param_value(self.spec, e.name), e.name)
-            raise SpecError(where, f"unknown name {e.name!r} (parameters: {', '.join(self.spec.params) or 'none'})")
+            raise SpecError(where, f"unknown name {e.name!r}{did_you_mean(e.name, self.spec.params)} "
+                                   f"(parameters: {', '.join(self.spec.params) or 'none'})")
         if isinstance(e, PRead):
             return Read(e.tensor, tuple(self.aff(a, bound, where) for a in e.idx))
         if isinstance(e, PBin):
@@ -155,7 +177,77 @@ def lower_spec(spec: SpecFile) -> Program:
     defs = tuple(low.statement(k, text) for k, text in enumerate(spec.statements))
     names = [d.name for d in defs]
     if spec.output.tensor not in names:
-        raise SpecError("output.tensor", f"{spec.output.tensor!r} is not defined by any statement (defined: {', '.join(names)})")
+        raise SpecError("output.tensor", f"{spec.output.tensor!r} is not defined by any statement"
+                                         f"{did_you_mean(spec.output.tensor, names)} (defined: {', '.join(names)})")
     sizes = tuple((n, (None if v == "dynamic" else int(v))) for n, v in spec.sizes.items())
     inputs = tuple((n, low.types[n]) for n in spec.inputs)
-    return Program(sizes=sizes, inputs=inputs, defs=defs, output=spec.output.tensor)
+    prog = Program(sizes=sizes, inputs=inputs, defs=defs, output=spec.output.tensor)
+    _check_work(spec, prog)
+    check_schedule(spec, prog)
+    return prog
+
+
+def _bound_in(e: PExpr) -> list[str]:
+    """Reduction indices of a parsed expression."""
+    out, stack = [], [e]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, PReduce):
+            out.append(x.var)
+            stack.append(x.body)
+        elif isinstance(x, PBin):
+            stack += [x.a, x.b]
+        elif isinstance(x, PCall):
+            stack.append(x.a)
+        elif isinstance(x, PWhere):
+            stack += [x.then, x.other]
+    return out
+
+
+def _check_work(spec: SpecFile, prog: Program) -> None:
+    """Refuse sizes at which the float64 numeric checks could not run (memory, hours).
+
+    Dynamic sizes without a check size are estimated from the schedule's largest tile (the
+    check sizes leave a partial last tile: about 1.5 tiles)."""
+    from .ir import Fold, walk
+
+    tiles = [s.params().get("size") for s in spec.schedule]
+    tile = max([t for t in tiles if isinstance(t, int) and not isinstance(t, bool)] + [4])
+    sizes = {n: spec.check_sizes.get(n, v if v is not None else 2 * tile) for n, v in prog.sizes}
+    for d in prog.defs:
+        points = 1
+        for lp in d.loops:
+            points *= max(1, lp.ext.evaluate(sizes))
+        inner = [x.ext.evaluate(sizes) for x in walk(d.body) if isinstance(x, (Reduce, Softmax, Fold))]
+        points *= max(inner + [1])
+        if points > MAX_CHECK_POINTS:
+            shown = ", ".join(f"{n}={v}" for n, v in sizes.items())
+            field = "check_sizes" if spec.check_sizes else "sizes"
+            raise SpecError(field, f"the numeric checks would evaluate about {points:.3g} points of {d.name} at "
+                                   f"{shown} (limit {MAX_CHECK_POINTS:.3g}); choose smaller check_sizes or fixed sizes")
+
+
+def check_schedule(spec: SpecFile, prog: Program) -> None:
+    """Every schedule step names a known rule with valid parameters, and every name a step
+    introduces is an identifier of Coq, Lean and CUDA that no earlier name uses: checked before
+    any step runs, so a typo in step 9 does not cost eight numeric checks."""
+    from .errors import DerivationError
+    from .ir import names_in_program
+    from .rules import RULES
+
+    taken: dict[str, str] = {n: "the spec" for n in names_in_program(prog)}
+    for k, step in enumerate(spec.schedule, start=1):
+        rule = RULES.get(step.rule)
+        if rule is None:
+            known = sorted(RULES)
+            raise SpecError(f"schedule[{k - 1}].rule", f"step {k}: unknown rule {step.rule!r}"
+                                                      f"{did_you_mean(step.rule, known)} (known rules: {', '.join(known)})")
+        try:
+            params = rule.parse_params(step.params())
+        except DerivationError as exc:
+            raise SpecError(f"schedule[{k - 1}]", f"step {k} ({rule.name}): {exc.reason}") from None
+        for field, name in params.introduced_names(params.new_names):
+            if name in taken:
+                raise SpecError(f"schedule[{k - 1}].{field}",
+                                f"step {k} ({rule.name}): name {name!r} is already used by {taken[name]}")
+            taken[name] = f"step {k}"

@@ -17,6 +17,14 @@ import re
 from dataclasses import dataclass
 from typing import Union
 
+# Bounds that keep every later recursive pass (lowering, rules, interpreter, printers) far
+# from Python's recursion limit: a statement is at most this long, its brackets and calls
+# nest at most this deep, and its expression tree is at most this deep (a sum of n terms is n
+# deep).
+MAX_STATEMENT_LENGTH = 4000
+MAX_NESTING = 32
+MAX_EXPR_DEPTH = 100
+
 TOKEN = re.compile(r"\s*(?:(\d+\.\d*(?:[eE][-+]?\d+)?|\d+(?:[eE][-+]?\d+)?)|([A-Za-z_][A-Za-z_0-9]*)|(<=|&&|[-+*/()\[\],:<|=]))")
 
 
@@ -105,8 +113,16 @@ def tokenize(text: str) -> list[str]:
 
 class _Parser:
     def __init__(self, text: str):
+        if len(text) > MAX_STATEMENT_LENGTH:
+            raise ParseError(f"statement longer than {MAX_STATEMENT_LENGTH} characters ({len(text)})")
         self.toks = tokenize(text)
         self.pos = 0
+        self.nesting = 0
+
+    def enter(self) -> None:
+        self.nesting += 1
+        if self.nesting > MAX_NESTING:
+            raise ParseError(f"parentheses, calls or unary minus nested deeper than {MAX_NESTING} levels")
 
     def peek(self, k: int = 0) -> str | None:
         i = self.pos + k
@@ -144,10 +160,12 @@ class _Parser:
         return PStatement(tensor, tuple(idx), body)
 
     def expr(self) -> PExpr:
+        self.enter()
         e = self.term()
         while self.peek() in ("+", "-"):
             op = self.take()
             e = PBin(op, e, self.term())
+        self.nesting -= 1
         return e
 
     def term(self) -> PExpr:
@@ -160,7 +178,10 @@ class _Parser:
     def factor(self) -> PExpr:
         if self.peek() == "-":
             self.take()
-            return PCall("neg", self.factor())
+            self.enter()
+            e = PCall("neg", self.factor())
+            self.nesting -= 1
+            return e
         return self.atom()
 
     def atom(self) -> PExpr:
@@ -274,5 +295,25 @@ class _Parser:
         raise ParseError(f"expected an index term, found {tok!r}")
 
 
+def expr_depth(e: PExpr) -> int:
+    """Depth of an expression tree (iterative: the tree may be deeper than the stack)."""
+    best, stack = 0, [(e, 1)]
+    while stack:
+        x, d = stack.pop()
+        best = max(best, d)
+        if isinstance(x, PBin):
+            stack += [(x.a, d + 1), (x.b, d + 1)]
+        elif isinstance(x, (PCall, PReduce)):
+            stack.append((x.a if isinstance(x, PCall) else x.body, d + 1))
+        elif isinstance(x, PWhere):
+            stack += [(x.then, d + 1), (x.other, d + 1)]
+    return best
+
+
 def parse_statement(text: str) -> PStatement:
-    return _Parser(text).statement()
+    st = _Parser(text).statement()
+    depth = expr_depth(st.body)
+    if depth > MAX_EXPR_DEPTH:
+        raise ParseError(f"expression {depth} levels deep (limit {MAX_EXPR_DEPTH}; a sum of n terms is n deep): "
+                         "split it into several statements")
+    return st

@@ -19,9 +19,12 @@ from pathlib import Path
 from typing import Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError, field_validator
 
-from .errors import SpecError
+from .errors import SpecError, did_you_mean
+
+MAX_YAML_DEPTH = 32  # nesting of mappings / lists in a schedule file
+MAX_SIZE = 2**31 - 1  # sizes index with 32-bit arithmetic in the kernels
 
 Dtype = Literal["f16", "bf16", "f32"]
 
@@ -52,7 +55,7 @@ class SpecFile(BaseModel):
     description: str = ""
     sizes: dict[str, Union[int, Literal["dynamic"]]]
     inputs: dict[str, TensorDecl]
-    params: dict[str, Union[float, str]] = {}
+    params: dict[str, Union[StrictInt, StrictFloat, StrictStr]] = {}
     statements: list[str] = Field(min_length=1)
     output: OutputDecl
     schedule: list[ScheduleStep] = []
@@ -80,6 +83,93 @@ class SpecFile(BaseModel):
         return v
 
 
+# --------------------------------------------------------------------------- strict YAML
+
+
+class StrictLoader(yaml.SafeLoader):
+    """YAML without surprises: duplicate keys are errors, numbers are YAML 1.2 numbers (so
+    `1e-6` is a float and `0x80`, `yes`, `1:30` stay strings), nesting is bounded."""
+
+    yaml_implicit_resolvers: dict = {}
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self._depth = getattr(self, "_depth", 0) + 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                mark = self.peek_event().start_mark
+                raise SpecError(f"line {mark.line + 1}", f"YAML nested deeper than {MAX_YAML_DEPTH} levels")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                if key in seen:
+                    raise SpecError(f"line {line}", f"duplicate key {key!r} (first at line {seen[key]})")
+                seen[key] = line
+            except TypeError:  # an unhashable key: reported by the base class
+                continue
+        return super().construct_mapping(node, deep)
+
+
+for _tag, _regex, _first in (
+    ("tag:yaml.org,2002:null", r"^(?:~|null|Null|NULL|)$", ["~", "n", "N", ""]),
+    ("tag:yaml.org,2002:bool", r"^(?:true|True|TRUE|false|False|FALSE)$", list("tTfF")),
+    ("tag:yaml.org,2002:int", r"^[-+]?[0-9]+$", list("-+0123456789")),
+    ("tag:yaml.org,2002:float",
+     r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$",
+     list("-+.0123456789")),
+):
+    StrictLoader.add_implicit_resolver(_tag, re.compile(_regex), _first)
+for _first, _resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items():  # merge keys, values
+    for _tag, _regex in _resolvers:
+        if _tag in ("tag:yaml.org,2002:merge", "tag:yaml.org,2002:value"):
+            StrictLoader.add_implicit_resolver(_tag, _regex, [_first])
+
+
+def _check_raw(raw: dict[str, Any]) -> None:
+    """What pydantic would coerce: sizes and check sizes must be integers, not bools or strings."""
+    def check(field: str, value: Any, allow_dynamic: bool) -> None:
+        if not isinstance(value, dict):
+            return  # pydantic reports the type
+        for k, x in value.items():
+            ok = (isinstance(x, int) and not isinstance(x, bool)) or (allow_dynamic and x == "dynamic")
+            if not ok:
+                want = "a positive integer or dynamic" if allow_dynamic else "a positive integer"
+                got = f"the string {x!r}" if isinstance(x, str) else f"{type(x).__name__} {x!r}"
+                raise SpecError(f"{field}.{k}", f"expected {want}, got {got}")
+            if isinstance(x, int) and x <= 0:
+                raise SpecError(f"{field}.{k}", f"must be positive, got {x}")
+            if isinstance(x, int) and x > MAX_SIZE:
+                raise SpecError(f"{field}.{k}", f"{x} is too large: sizes must be below 2^31 (32-bit index arithmetic)")
+
+    check("sizes", raw.get("sizes"), True)
+    check("check_sizes", raw.get("check_sizes"), False)
+    sizes, checked = raw.get("sizes"), raw.get("check_sizes")
+    if isinstance(sizes, dict) and isinstance(checked, dict):
+        for k in checked:
+            if k not in sizes:
+                raise SpecError(f"check_sizes.{k}",
+                                f"unknown size {k!r}{did_you_mean(k, sizes)} (declared: {', '.join(map(str, sizes))})")
+
+
+_FIELDS_OF = {(): "SpecFile", ("inputs",): "TensorDecl", ("output",): "OutputDecl"}
+
+
+def _unknown_field_hint(loc: tuple[Any, ...]) -> str:
+    models = {"SpecFile": SpecFile, "TensorDecl": TensorDecl, "OutputDecl": OutputDecl}
+    parent = () if len(loc) == 1 else (loc[0],)
+    model = models.get(_FIELDS_OF.get(parent, ""))
+    if model is None:
+        return ""
+    known = list(model.model_fields)
+    return f"{did_you_mean(loc[-1], known)} (fields: {', '.join(known)})"
+
+
 def _where(loc: tuple[Any, ...]) -> str:
     parts: list[str] = []
     for x in loc:
@@ -102,7 +192,11 @@ def load_spec_file(path: str | Path) -> SpecFile:
 
 def parse_spec_text(text: str, file: str = "<string>") -> SpecFile:
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except SpecError as exc:
+        raise exc.in_file(file) from None
+    except RecursionError:
+        raise SpecError("yaml", f"nested too deeply (limit {MAX_YAML_DEPTH} levels)", file) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "yaml"
@@ -111,13 +205,18 @@ def parse_spec_text(text: str, file: str = "<string>") -> SpecFile:
     if not isinstance(raw, dict):
         raise SpecError("file", "expected a mapping with name, sizes, inputs, statements, output", file)
     try:
+        _check_raw(raw)
+    except SpecError as exc:
+        raise exc.in_file(file) from None
+    try:
         return SpecFile.model_validate(raw)
     except ValidationError as exc:
-        err = exc.errors()[0]
+        errors = exc.errors()
+        err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])  # a typo first
         loc = tuple(x for x in err["loc"] if x not in ("int", "literal['dynamic']"))
-        msg = err["msg"]
+        msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            msg = "unknown field"
+            msg = "unknown field" + _unknown_field_hint(loc)
         raise SpecError(_where(loc), msg, file) from None
 
 
@@ -125,6 +224,8 @@ def param_value(spec: SpecFile, name: str) -> float:
     """A parameter: a number, or `1/sqrt(SIZE)` / `rsqrt(SIZE)` of a fixed size."""
     raw = spec.params[name]
     if isinstance(raw, (int, float)):
+        if not math.isfinite(raw):
+            raise SpecError(f"params.{name}", f"must be finite, got {raw}")
         return float(raw)
     m = re.fullmatch(r"\s*(?:1\s*/\s*sqrt|rsqrt)\(\s*([A-Za-z_]\w*)\s*\)\s*", raw)
     if not m:

@@ -80,6 +80,7 @@ class Assoc(Rule):
 
     def check(self, prog: Program, p: AssocParams) -> Facts:
         d = self.get_def(prog, p.def_)
+        self.require_index(d, p.index, "index")
         node = find_binder(d, p.index)
         if not isinstance(node, Reduce) or node.op != "sum":
             raise self.fail(f"index {p.index} of {p.def_} is not a sum")

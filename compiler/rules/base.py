@@ -16,16 +16,34 @@ from typing import Any, ClassVar, Iterator
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ..errors import DerivationError
+from ..errors import DerivationError, StepInputError, did_you_mean
+from ..names import name_problem
 from ..ir import (
-    Aff, Def, Expr, Ext, Fold, Let, Program, Reduce, Softmax, bound_here, map_children, walk,
+    Aff, Def, Expr, Ext, Fold, Let, Program, Reduce, Softmax, all_binders, bound_here, map_children, walk,
 )
 
 Facts = dict[str, Any]
 
 
 class StepParams(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: `size: true`, `size: "128"` and `size: 2.0` are refused, not coerced
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    # Parameters that name something the step introduces: exact names (must be new) and name
+    # bases (made unique by the rule); both reach the Coq, Lean and CUDA sources verbatim.
+    new_names: ClassVar[tuple[str, ...]] = ()
+    name_bases: ClassVar[tuple[str, ...]] = ()
+
+    def introduced_names(self, fields: tuple[str, ...]) -> list[tuple[str, str]]:
+        """(parameter as written, value) for every name given in `fields`."""
+        out: list[tuple[str, str]] = []
+        for f in fields:
+            value = getattr(self, f)
+            alias = type(self).model_fields[f].alias or f
+            if isinstance(value, str):
+                out.append((alias, value))
+            elif isinstance(value, tuple):
+                out.extend((f"{alias}[{k}]", v) for k, v in enumerate(value))
+        return out
 
 
 class Rule:
@@ -37,13 +55,22 @@ class Rule:
 
     def parse_params(self, raw: dict[str, Any]) -> StepParams:
         try:
-            return self.Params.model_validate(raw)
+            params = self.Params.model_validate({k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()})
         except ValidationError as exc:
-            err = exc.errors()[0]
+            errors = exc.errors()
+            err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])  # a typo first
             loc = ".".join(str(x) for x in err["loc"]) or "parameters"
             msg = "unknown parameter" if err["type"] == "extra_forbidden" else err["msg"]
-            known = ", ".join(f.alias or n for n, f in self.Params.model_fields.items())
-            raise DerivationError(self.name, f"parameter {loc}: {msg} (parameters of {self.name}: {known})") from None
+            names = [f.alias or n for n, f in self.Params.model_fields.items()]
+            hint = did_you_mean(loc, names) if err["type"] == "extra_forbidden" else ""
+            raise DerivationError(
+                self.name, f"parameter {loc}: {msg}{hint} (parameters of {self.name}: {', '.join(names)})"
+            ) from None
+        for field, value in params.introduced_names(params.new_names + params.name_bases):
+            problem = name_problem(value)
+            if problem:
+                raise DerivationError(self.name, f"parameter {field}: {problem}")
+        return params
 
     def check(self, prog: Program, params: Any) -> Facts:
         raise NotImplementedError
@@ -56,11 +83,35 @@ class Rule:
 
     # ------------------------------------------------------------------ helpers for rules
 
-    def get_def(self, prog: Program, name: str) -> Def:
+    def unknown(self, reason: str) -> StepInputError:
+        """The step names something that does not exist, or a name already taken (exit 2)."""
+        return StepInputError(self.name, reason)
+
+    def get_def(self, prog: Program, name: str, field: str = "def") -> Def:
         if not prog.has_def(name):
-            known = ", ".join(d.name for d in prog.defs)
-            raise self.fail(f"no definition named {name!r} (defined: {known})")
+            known = [d.name for d in prog.defs]
+            raise self.unknown(f"parameter {field}: no definition named {name!r}{did_you_mean(name, known)} "
+                               f"(defined: {', '.join(known)})")
         return prog.def_named(name)
+
+    def require_index(self, d: Def, name: str, field: str) -> None:
+        """`name` is a loop or bound index of d; else an input error listing the ones d has now
+        (after TILE's renames the original name is gone)."""
+        loops = [lp.var for lp in d.loops]
+        inner = [v for v in binder_names(d) if v not in loops]
+        if name in loops or name in inner or name in all_binders(d.body):
+            return
+        if any(name in {v for v, _ in b.dims} for x in walk(d.body) if isinstance(x, Fold) for b in x.binds):
+            return
+        now = f"loops now: {', '.join(loops) or 'none'}; bound inside: {', '.join(inner) or 'none'}"
+        raise self.unknown(f"parameter {field}: index {name!r} is not bound in {d.name}"
+                           f"{did_you_mean(name, loops + inner)} ({now})")
+
+    def require_new_name(self, prog: Program, name: str, field: str) -> None:
+        from ..ir import names_in_program
+
+        if name in names_in_program(prog):
+            raise self.unknown(f"parameter {field}: name {name} is already used in the program")
 
 
 def binder_names(d: Def) -> list[str]:

@@ -29,6 +29,7 @@ from ..ir import (
     AccFact, Aff, Binding, Cond, Const, Def, Expr, Ext, Fold, Let, Program, Read, Reduce, Select, Softmax,
     fresh, names_in_program, replace_reads, walk,
 )
+from ..errors import did_you_mean
 from . import register
 from .base import Facts, Rule, StepParams, const_aff, const_extent, enclosing_binders, find_binder, replace_node
 
@@ -43,6 +44,7 @@ class CacheParams(StepParams):
     name: str | None = None
     accumulator: str | None = None
     dtype: Literal["f32", "f16"] = "f32"
+    new_names = ("name",)
 
     @model_validator(mode="after")
     def _one_kind(self) -> "CacheParams":
@@ -75,6 +77,7 @@ class Cache(Rule):
     def check(self, prog: Program, p: CacheParams) -> Facts:
         d = self.get_def(prog, p.def_)
         if p.accumulator is not None:
+            self.require_index(d, p.accumulator, "accumulator")
             node = find_binder(d, p.accumulator)
             if not isinstance(node, Reduce) or node.op != "sum":
                 raise self.fail(f"accumulator {p.accumulator} of {p.def_} is not a sum")
@@ -85,7 +88,12 @@ class Cache(Rule):
             return {"accumulator": p.accumulator, "level": p.level, "dtype": p.dtype, "site": node}
         t = p.tensor
         if t not in prog.input_map() and not prog.has_def(t):
-            raise self.fail(f"unknown tensor {t!r}")
+            known = [n for n, _ in prog.inputs] + [x.name for x in prog.defs]
+            raise self.unknown(f"parameter tensor: unknown tensor {t!r}{did_you_mean(t, known)} (tensors: {', '.join(known)})")
+        if p.at is not None:
+            self.require_index(d, p.at, "at")
+        for k, v in enumerate(p.over):
+            self.require_index(d, v, f"over[{k}]")
         scope_node, scope = _scope(d, p.at)
         if scope_node is None:
             raise self.fail(f"index {p.at} of {p.def_} is not a reduction or fold index")
@@ -139,7 +147,7 @@ class Cache(Rule):
             raise self.fail(f"each element of the {t} tile is read once (reuse 1); caching it gains nothing")
         name = p.name or fresh(f"{t}_{'s' if p.level == 'shared' else 'r'}", names_in_program(prog))
         if name in names_in_program(prog):
-            raise self.fail(f"name {name} is already used")
+            raise self.unknown(f"parameter name: name {name} is already used in the program")
         tshape = prog.tensor_type(t).dims
         guards = []
         for (v, base), dim in zip(pattern, tshape):

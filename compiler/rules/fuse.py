@@ -49,7 +49,7 @@ class Fuse(Rule):
     Params = FuseParams
 
     def check(self, prog: Program, p: FuseParams) -> Facts:
-        prod = self.get_def(prog, p.producer)
+        prod = self.get_def(prog, p.producer, "producer")
         if prod.name == prog.output:
             raise self.fail(f"{prod.name} is the program's output; it cannot be inlined away")
         plain = tuple(Aff.of(lp.var) for lp in prod.loops)

@@ -42,6 +42,9 @@ class MapMma(Rule):
 
     def check(self, prog: Program, p: MapMmaParams) -> Facts:
         d = self.get_def(prog, p.def_)
+        self.require_index(d, p.index, "index")
+        if p.m is not None:
+            self.require_index(d, p.m, "m")
         node = find_binder(d, p.index)
         if not isinstance(node, Reduce) or node.op != "sum":
             raise self.fail(f"index {p.index} of {p.def_} is not a sum")

@@ -41,6 +41,7 @@ class OnlineAggParams(StepParams):
     def_: str = Field(alias="def")
     index: str
     names: tuple[str, str, str] = ("m", "l", "acc")
+    name_bases = ("names",)
 
 
 def _tiled_sum(e: Expr):
@@ -69,6 +70,7 @@ class OnlineAgg(Rule):
 
     def check(self, prog: Program, p: OnlineAggParams) -> Facts:
         d = self.get_def(prog, p.def_)
+        self.require_index(d, p.index, "index")
         shape = "expected sum(jo: sum(ji: [g] ? exp(s - M[..]) * v : 0)) / L[..]"
         if not (isinstance(d.body, Bin) and d.body.op == "/" and isinstance(d.body.b, Read)):
             raise self.fail(f"{p.def_} is not softmax-shaped: {shape}")

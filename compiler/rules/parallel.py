@@ -70,6 +70,7 @@ class Parallel(Rule):
 
     def check(self, prog: Program, p: ParallelParams) -> Facts:
         d = self.get_def(prog, p.def_)
+        self.require_index(d, p.index, "index")
         pos = next((k for k, lp in enumerate(d.loops) if lp.var == p.index), None)
         if pos is None:
             node = find_binder(d, p.index)

@@ -41,6 +41,8 @@ class Reorder(Rule):
 
     def check(self, prog: Program, p: ReorderParams) -> Facts:
         d = self.get_def(prog, p.def_)
+        self.require_index(d, p.outer, "outer")
+        self.require_index(d, p.inner, "inner")
         loop_vars = [lp.var for lp in d.loops]
         if p.outer in loop_vars and p.inner in loop_vars:
             a, b = loop_vars.index(p.outer), loop_vars.index(p.inner)

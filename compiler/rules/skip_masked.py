@@ -45,6 +45,7 @@ class SkipMasked(Rule):
 
     def check(self, prog: Program, p: SkipMaskedParams) -> Facts:
         d = self.get_def(prog, p.def_)
+        self.require_index(d, p.index, "index")
         node = find_binder(d, p.index)
         if isinstance(node, Reduce):
             neutral = Const(0.0) if node.op == "sum" else Const(float("-inf"))

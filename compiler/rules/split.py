@@ -23,6 +23,7 @@ class SplitParams(StepParams):
     index: str
     at: int = Field(ge=1)
     second: str | None = None
+    new_names = ("second",)
 
 
 class Split(Rule):
@@ -33,6 +34,7 @@ class Split(Rule):
 
     def check(self, prog: Program, p: SplitParams) -> Facts:
         d = self.get_def(prog, p.def_)
+        self.require_index(d, p.index, "index")
         node = find_binder(d, p.index)
         if not isinstance(node, Reduce):
             raise self.fail(f"index {p.index} of {p.def_} is not a sum/max reduction")
@@ -43,6 +45,8 @@ class Split(Rule):
             raise self.fail(f"split point {p.at} must lie strictly inside 0..{n}")
         if node.mma:
             raise self.fail("a reduction mapped to tensor cores cannot be split; split before MAP-MMA")
+        if p.second is not None:
+            self.require_new_name(prog, p.second, "second")
         second = p.second or fresh(p.index + "2", names_in_program(prog))
         return {"extent": n, "first": p.at, "second_extent": n - p.at, "second": second, "site": node}
 

@@ -28,6 +28,7 @@ class SplitSoftmaxParams(StepParams):
     def_: str = Field(alias="def")
     max_name: str | None = None
     sum_name: str | None = None
+    new_names = ("max_name", "sum_name")
 
 
 class SplitSoftmax(Rule):
@@ -54,6 +55,13 @@ class SplitSoftmax(Rule):
         stray = used - {lp.var for lp in loops}
         if stray:
             raise self.fail(f"the softmax uses indices {sorted(stray)} that are not loops of {p.def_}")
+        for field, given in (("max_name", p.max_name), ("sum_name", p.sum_name)):
+            if given is not None and (prog.has_def(given) or given in {n for n, _ in prog.inputs}):
+                raise self.unknown(f"parameter {field}: name {given} is already a tensor")
+            if given is not None:
+                self.require_new_name(prog, given, field)
+        if p.max_name is not None and p.max_name == p.sum_name:
+            raise self.unknown("parameters max_name and sum_name: the names must differ")
         taken = set(names_in_program(prog))
         m = p.max_name or fresh("M", taken)
         taken.add(m)

@@ -19,6 +19,7 @@ from dataclasses import replace
 
 from pydantic import Field
 
+from ..names import ALL_RESERVED
 from ..ir import Aff, Cond, Const, Ext, Loop, Program, Reduce, names_in_program, fresh, subst_index
 from . import register
 from .base import Facts, Rule, StepParams, const_extent, find_binder, guarded, replace_node
@@ -31,6 +32,7 @@ class TileParams(StepParams):
     guard: bool | None = None  # None: guard exactly when needed; False: demand divisibility
     outer: str | None = None
     inner: str | None = None
+    new_names = ("outer", "inner")
 
 
 class Tile(Rule):
@@ -42,6 +44,7 @@ class Tile(Rule):
 
     def check(self, prog: Program, p: TileParams) -> Facts:
         d = self.get_def(prog, p.def_)
+        self.require_index(d, p.index, "index")
         loop = next((lp for lp in d.loops if lp.var == p.index), None)
         node = None if loop else find_binder(d, p.index)
         if loop is None and not isinstance(node, Reduce):
@@ -62,13 +65,14 @@ class Tile(Rule):
         if n is not None and p.size > n:
             raise self.fail(f"tile size {p.size} exceeds the extent {ext} = {n} of {p.index}")
         taken = names_in_program(prog)
-        outer = p.outer or fresh(p.index + "o", taken)
-        inner = p.inner or fresh(p.index + "i", taken | {outer})
-        for nm in (outer, inner):
+        avoid = taken | ALL_RESERVED  # a default name must not be a keyword either (d → do)
+        outer = p.outer or fresh(p.index + "o", avoid)
+        inner = p.inner or fresh(p.index + "i", avoid | {outer})
+        for field, nm in (("outer", outer), ("inner", inner)):
             if nm in taken:
-                raise self.fail(f"name {nm} is already used in the program")
+                raise self.unknown(f"parameter {field}: name {nm} is already used in the program")
         if outer == inner:
-            raise self.fail("outer and inner names must differ")
+            raise self.unknown("parameters outer and inner: the names must differ")
         return {
             "target": "loop" if loop else f"{node.op} reduction",
             "extent": str(ext),

@@ -23,7 +23,8 @@ from .base import Facts, Rule, StepParams, enclosing_binders, find_binder, repla
 class UnfuseParams(StepParams):
     def_: str = Field(alias="def")
     index: str
-    name: str = Field(pattern=r"^[A-Za-z_]\w*$")
+    name: str
+    new_names = ("name",)
 
 
 class Unfuse(Rule):
@@ -34,11 +35,11 @@ class Unfuse(Rule):
 
     def check(self, prog: Program, p: UnfuseParams) -> Facts:
         d = self.get_def(prog, p.def_)
+        self.require_index(d, p.index, "index")
         node = find_binder(d, p.index)
         if not isinstance(node, Reduce):
             raise self.fail(f"index {p.index} of {p.def_} is not a sum/max reduction")
-        if p.name in names_in_program(prog):
-            raise self.fail(f"name {p.name} is already used")
+        self.require_new_name(prog, p.name, "name")
         if enclosing_binders(d.body, node):
             raise self.fail(f"the reduction over {p.index} sits inside another binding form; only a top-level reduction can be materialised")
         used = free_indices(node)
