@@ -27,6 +27,7 @@ from .errors import (
     EXIT_DERIVATION_FAILED,
     EXIT_INVALID_INPUT,
     EXIT_OK,
+    EXIT_VERIFY_FAILED,
     DerivationError,
     SpecError,
 )
@@ -54,6 +55,14 @@ class BuildError(Exception):
     """A later build stage (proof obligations, codegen) failed (exit 3)."""
 
     exit_code = EXIT_DERIVATION_FAILED
+
+
+class ProofCheckError(BuildError):
+    """`build --verify`: coqc rejected an obligation (exit 4) or is not installed (exit 1)."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 # --------------------------------------------------------------------------- output
@@ -219,27 +228,43 @@ def atomic_dir(outdir: Path, fill: Callable[[Path], None]) -> None:
 
 
 def build_to(file: Path, outdir: Path, *, seed: int | None = None, codegen: bool = True,
-             proofs: bool = True) -> Any:
-    """Derive `file` and write the build directory atomically; returns the Derivation."""
+             proofs: bool = True, verify: bool = False) -> Any:
+    """Derive `file` and write the build directory atomically; returns the Derivation.
+
+    With `verify`, coqc checks the obligations before the directory is moved into place."""
     from .derive import derive
     from .spec import load_spec_file
     from .trace import verify_roundtrip
+    from .verify import check_built_obligations, coqc_available
 
     if outdir.exists() and not outdir.is_dir():
         raise UsageError(f"-o {outdir}: exists and is not a directory")
+    if verify and not proofs:
+        raise UsageError("build: --verify checks the proof obligations: it cannot go with --no-proofs")
+    if verify and not coqc_available():
+        raise ProofCheckError(f"{file}: --verify: coqc not found, nothing built (install Coq 8.16: "
+                              "bash proofs_ci/install_coq.sh, or build without --verify)", EXIT_UNAVAILABLE)
     spec = load_spec_file(file)
     d = derive(spec, str(file), seed=seed)
     try:
         verify_roundtrip(d)
     except AssertionError as exc:
         raise DerivationError("trace", f"the derivation does not replay: {exc}", None, str(file)) from None
-    atomic_dir(outdir, lambda tmp: write_outputs(d, tmp, codegen=codegen, proofs=proofs))
+
+    def fill(tmp: Path) -> None:
+        write_outputs(d, tmp, codegen=codegen, proofs=proofs)
+        if verify:
+            failure, d.proof_check = check_built_obligations(tmp)
+            if failure:
+                raise ProofCheckError(f"{file}: verify: {failure}", EXIT_VERIFY_FAILED)
+
+    atomic_dir(outdir, fill)
     return d
 
 
 def cmd_build(args: argparse.Namespace, out: Out) -> int:
     d = build_to(Path(args.file), Path(args.output), seed=args.seed, codegen=not args.no_codegen,
-                 proofs=not args.no_proofs)
+                 proofs=not args.no_proofs, verify=args.verify)
     spec = d.spec
     rows = [
         [str(s.index), s.rule, s.kind, s.theorem, f"{s.numeric['rel_error']:.1e}" if s.numeric else "-"]
@@ -249,6 +274,8 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
         out.table(["#", "rule", "kind", "theorem", "rel. error"], rows, title=f"{spec.name}: {len(rows)} steps")
     sizes = ", ".join(f"{k}={v}" for k, v in d.check_sizes.items())
     out.line(f"checked at {sizes}; seed {d.seed}")
+    if args.verify:
+        out.line(d.proof_check, style="green")
     out.line(f"wrote {args.output} (final program {d.final.digest()})", style="green")
     return EXIT_OK
 
@@ -328,6 +355,7 @@ def make_parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=None, help="base seed of the numeric checks (step k: seed + k)")
     b.add_argument("--no-codegen", action="store_true", help="skip kernel generation")
     b.add_argument("--no-proofs", action="store_true", help="skip the per-step proof obligations")
+    b.add_argument("--verify", action="store_true", help="check the obligations with coqc before writing DIR")
     b.set_defaults(func=cmd_build, extras_ok=False)
 
     e = sub.add_parser("explain", help="print every step, its facts and the program after it")

@@ -14,11 +14,9 @@ def show_expr(e: Expr, indent: int = 0) -> str:
     """Expression text; binding forms break onto indented lines."""
     pad = "  " * indent
     if isinstance(e, Const):
-        if e.label:
-            return e.label
-        if math.isinf(e.value):
-            return "-inf" if e.value < 0 else "inf"
-        return repr(float(e.value)) if e.value != int(e.value) else str(int(e.value))
+        # A labelled constant carries its value: the digest is of the printed program, and two
+        # specs that differ only in a parameter's value must not share one.
+        return f"{e.label}(={_number(e.value)})" if e.label else _number(e.value)
     if isinstance(e, Read):
         return e.tensor + ("[" + ", ".join(str(a) for a in e.idx) + "]" if e.idx else "")
     if isinstance(e, Bin):
@@ -54,6 +52,14 @@ def show_expr(e: Expr, indent: int = 0) -> str:
         lines.append(f"{pad}result {show_expr(e.result, indent)}")
         return "\n".join(lines)
     raise TypeError(f"not an expression: {e!r}")
+
+
+def _number(value: float) -> str:
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "-inf" if value < 0 else "inf"
+    return repr(float(value)) if value != int(value) else str(int(value))
 
 
 def _wrap(e: Expr, op: str, indent: int, right: bool) -> str:

@@ -1,8 +1,8 @@
 """derivation.json: the trace of a derivation, and its replay.
 
-The trace records the spec (canonical JSON and its hash), IR₀'s digest, and for every step the
-rule, its parameters as written, the facts its precondition established, the theorem, the
-program digests before and after, and the numeric check.  `replay` re-applies the recorded
+The trace records the spec (the schedule file's text, canonical JSON and their hashes), IR₀'s
+digest, and for every step the rule, its parameters as written, the facts its precondition
+established, the theorem, the program digests before and after, and the numeric check.  `replay` re-applies the recorded
 (rule, parameters) to the spec without numeric checks; `verify_roundtrip` asserts that this
 gives back exactly the derived program (same digest, equal dataclasses).
 """
@@ -18,7 +18,7 @@ from .derive import Derivation, apply_step
 from .errors import DerivationError, SpecError
 from .ir import Program
 from .lower_spec import lower_spec
-from .spec import SpecFile
+from .spec import SpecFile, parse_spec_text
 
 TRACE_FORMAT = 1
 
@@ -32,23 +32,40 @@ def spec_sha256(spec: SpecFile) -> str:
     return hashlib.sha256(canon.encode()).hexdigest()
 
 
-def _file_sha256(file: str) -> str | None:
+def spec_text_of(d: Derivation) -> str | None:
+    """The schedule file's text the derivation was made from, or None when unknown.
+
+    A derivation rebuilt from a trace carries the recorded text (`d.spec_text`); otherwise the
+    file is read again, and its text is kept only if it still parses to the derived spec (the
+    file may have changed since the build read it).
+    """
+    if hasattr(d, "spec_text"):
+        return d.spec_text
+    if not d.file:
+        return None
     try:
-        return hashlib.sha256(Path(file).read_bytes()).hexdigest() if file else None
-    except OSError:
+        text = Path(d.file).read_bytes().decode("utf-8")
+        return text if parse_spec_text(text, d.file) == d.spec else None
+    except (OSError, UnicodeDecodeError, SpecError):
         return None
 
 
 def write_trace(d: Derivation) -> dict[str, Any]:
-    """The content of derivation.json (JSON-serialisable)."""
+    """The content of derivation.json (JSON-serialisable).
+
+    `spec_text` (added in place, format 1 unchanged: readers ignore it) is the schedule file
+    byte for byte, and `spec_file_sha256` its hash: `derivc verify` rebuilds from it.
+    """
+    text = spec_text_of(d)
     return {
         "format": TRACE_FORMAT,
         "derivc_version": __version__,
         "spec_file": d.file,
-        "spec_file_sha256": _file_sha256(d.file),
+        "spec_file_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest() if text is not None else None,
         "spec_sha256": spec_sha256(d.spec),
         "spec_digest": d.initial.digest(),
         "spec": spec_json(d.spec),
+        "spec_text": text,
         "check_sizes": dict(d.check_sizes),
         "seed": d.seed,
         "seed_given": d.seed_given,

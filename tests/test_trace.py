@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import copy
 import json
+import math
+import re
+from pathlib import Path
 
 import pytest
+import yaml
 from derivc_testing import gemm_yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from compiler.derive import derive
 from compiler.errors import DerivationError, SpecError
+from compiler.lower_spec import lower_spec
+from compiler.printer import show_program
 from compiler.rules import RULES
 from compiler.spec import parse_spec_text
 from compiler.trace import (
@@ -139,3 +145,57 @@ def test_roundtrip_random_tilings(ti, tk, tj, swap):
     sizes = d.check_sizes
     assert sizes["M"] % ti and sizes["N"] % tj and sizes["K"] % tk
     verify_roundtrip(d)
+
+
+# --------------------------------------------------------------------------- the recorded spec text
+
+
+def test_trace_records_the_spec_file_text(tmp_path):
+    """derivation.json holds the schedule file byte for byte (what `derivc verify` rebuilds from)."""
+    import hashlib
+
+    text = gemm_yaml([]) + "# a comment the canonical JSON loses\r\n"
+    f = tmp_path / "gemm.yaml"
+    f.write_bytes(text.encode())
+    d = derive(parse_spec_text(text, str(f)), str(f), seed=1)
+    trace = json.loads(json.dumps(write_trace(d)))
+    assert trace["spec_text"] == text
+    assert trace["spec_file_sha256"] == hashlib.sha256(f.read_bytes()).hexdigest()
+    assert parse_spec_text(trace["spec_text"]) == spec_of_trace(trace) == d.spec
+    f.write_text(gemm_yaml([], statements=["C[i, j] = sum(k: A[i, k] * B[k, j]) * 2"]))
+    assert write_trace(d)["spec_text"] is None  # the file changed since: not the derived spec
+    d.spec_text = text  # a derivation rebuilt from a trace carries its text; the file is not read
+    assert write_trace(d)["spec_text"] == text
+
+
+# --------------------------------------------------------------------------- constants in digests
+
+
+FA = Path(__file__).resolve().parents[1] / "examples" / "flash_attention.yaml"
+
+
+def _fa(scale: object):
+    doc = yaml.safe_load(FA.read_text())
+    doc["params"] = {"scale": scale}
+    return derive(parse_spec_text(yaml.safe_dump(doc, sort_keys=False)), check=False)
+
+
+def test_flash_attention_scale_value_changes_the_digests():
+    exact, other = _fa("1/sqrt(D)"), _fa(0.05)
+    assert exact.final.digest() != other.final.digest()
+    assert exact.initial.digest() != other.initial.digest()
+    assert f"scale(={1 / math.sqrt(128)!r})" in show_program(exact.final)
+    assert "scale(=0.05)" in show_program(other.final)
+
+
+@settings(max_examples=40, deadline=None)
+@given(a=st.floats(allow_nan=False, allow_infinity=False), b=st.floats(allow_nan=False, allow_infinity=False))
+def test_labelled_constant_prints_its_value(a, b):
+    def prog(v: float):
+        return lower_spec(parse_spec_text(gemm_yaml(
+            [], params={"scale": v}, statements=["C[i, j] = scale * sum(k: A[i, k] * B[k, j])"])))
+
+    pa, pb = prog(a), prog(b)
+    printed = re.search(r"scale\(=([^)]*)\)", show_program(pa)).group(1)
+    assert float(printed) == a
+    assert (pa.digest() == pb.digest()) == (a == b)
