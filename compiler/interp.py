@@ -2,8 +2,17 @@
 
 Evaluation is vectorised over the bound index variables: every bound variable owns one axis
 of an array stack, so a `Reduce` pushes an axis and sums over it, and a `Def` evaluates its
-body over the whole loop nest at once.  Extents may depend on outer indices (causal tile
-truncation); such loops run to the largest extent with the excess masked out.
+body over the whole loop nest at once.  An expression's array has size 1 along every axis it
+does not depend on, so nothing is materialised over indices it does not use.  Extents may
+depend on outer indices (causal tile truncation); such loops run to the largest extent with the
+excess masked out.  A `Fold` runs its steps in order, each step vectorised over every other
+index.
+
+A sum of a product (`sum(k: [guard] ? a * b : 0)`) is contracted with a batched matrix product
+instead of materialising a·b over the whole index space, when its factors are finite; with a
+non-finite factor it is summed elementwise, so NaN and ±inf propagate exactly as in the plain
+definition.  `run_program(..., contract=False)` evaluates every sum elementwise (the tests
+compare the two).
 
 Out-of-bounds reads give NaN (a guarded branch discards them; an unguarded one poisons the
 result), and every `Def` must write each element of its tensor exactly once.
@@ -11,6 +20,7 @@ result), and every `Def` must write each element of its tensor exactly once.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import product as cartesian
 from typing import Mapping
 
 import numpy as np
@@ -32,27 +42,37 @@ class _Buffer:
 
 
 class _Env:
-    def __init__(self, sizes: Mapping[str, int], tensors: dict[str, np.ndarray]):
+    def __init__(self, sizes: Mapping[str, int], tensors: dict[str, np.ndarray], contract: bool = True):
         self.sizes = dict(sizes)
         self.globals = tensors
-        self.vars: list[tuple[str, np.ndarray]] = []  # (name, index array at its own depth)
+        self.contract = contract
+        # (name, first value, index array at its own depth): a bound index runs over
+        # first, first + 1, …, one axis of the stack
+        self.vars: list[tuple[str, int, np.ndarray]] = []
         self.locals: list[tuple[str, _Buffer]] = []
 
     @property
     def depth(self) -> int:
         return len(self.vars)
 
-    def push(self, name: str, values: np.ndarray) -> None:
+    def push(self, name: str, count: int, first: int = 0) -> None:
         d = self.depth
-        self.vars.append((name, np.asarray(values).reshape((1,) * d + (-1,))))
+        self.vars.append((name, first, np.arange(first, first + count).reshape((1,) * d + (-1,))))
 
     def pop(self) -> None:
         self.vars.pop()
 
+    def axis_of(self, name: str) -> int | None:
+        for k in range(self.depth - 1, -1, -1):
+            if self.vars[k][0] == name:
+                return k
+        return None
+
     def index(self, name: str) -> np.ndarray | int:
-        for v, arr in reversed(self.vars):
-            if v == name:
-                return arr.reshape(arr.shape + (1,) * (self.depth - arr.ndim))
+        k = self.axis_of(name)
+        if k is not None:
+            arr = self.vars[k][2]
+            return arr.reshape(arr.shape + (1,) * (self.depth - arr.ndim))
         if name in self.sizes:
             return self.sizes[name]
         raise InterpError(f"unbound index {name}")
@@ -92,12 +112,71 @@ def _lift(a: np.ndarray, depth: int) -> np.ndarray:
     return a.reshape(a.shape + (1,) * (depth - a.ndim)) if a.ndim < depth else a
 
 
+def _top(n: np.ndarray) -> int:
+    return int(n.max()) if n.size else 0
+
+
 def _read(env: _Env, e: Read) -> np.ndarray:
     buf = env.lookup(e.tensor)
-    arr, d = buf.array, env.depth
-    own = arr.ndim - buf.depth
+    own = buf.array.ndim - buf.depth
     if own != len(e.idx):
         raise InterpError(f"{e.tensor} has rank {own}, read with {len(e.idx)} indices")
+    view = _strided_read(env, buf, e.idx)
+    return view if view is not None else _gather_read(env, buf, e.idx)
+
+
+def _strided_read(env: _Env, buf: _Buffer, idx: tuple[Aff, ...]) -> np.ndarray | None:
+    """The read as a strided view of the buffer (padded with NaN where an index leaves it):
+    an affine index of the stack's index ranges is a strided walk through memory.  None when
+    the padding would be much larger than the read."""
+    arr, d = buf.array, env.depth
+    extents = [arr[2].shape[-1] for arr in env.vars]
+    if 0 in extents or arr.size == 0:
+        return None
+    starts, coefs = [], []
+    pad_lo, pad_hi = [], []
+    for k, a in enumerate(idx):
+        n = arr.shape[buf.depth + k]
+        start, coef = a.const, [0] * d
+        for name, c in a.terms:
+            axis = env.axis_of(name)
+            if axis is None:
+                start += c * env.index(name)
+            else:
+                start += c * env.vars[axis][1]
+                coef[axis] += c
+        lo = start + sum(min(0, c * (m - 1)) for c, m in zip(coef, extents))
+        hi = start + sum(max(0, c * (m - 1)) for c, m in zip(coef, extents))
+        starts.append(start)
+        coefs.append(coef)
+        pad_lo.append(max(0, -lo))
+        pad_hi.append(max(0, hi - (n - 1)))
+    src = arr
+    if any(pad_lo) or any(pad_hi):
+        padded = tuple(n + lo + hi for n, lo, hi in zip(arr.shape[buf.depth:], pad_lo, pad_hi))
+        shape = arr.shape[:buf.depth] + padded
+        if np.prod(shape) > 4 * np.prod(extents) + 4096:
+            return None
+        src = np.full(shape, np.nan)
+        src[(slice(None),) * buf.depth + tuple(slice(lo, lo + n) for lo, n in zip(pad_lo, arr.shape[buf.depth:]))] = arr
+    strides = [0] * d
+    shape = [1] * d
+    for j in range(buf.depth):
+        if src.shape[j] > 1:
+            strides[j] += src.strides[j]
+            shape[j] = extents[j]
+    for k, coef in enumerate(coefs):
+        step = src.strides[buf.depth + k]
+        for j, c in enumerate(coef):
+            if c:
+                strides[j] += c * step
+                shape[j] = extents[j]
+    base = src[(slice(None, 1),) * buf.depth + tuple(slice(s + lo, None) for s, lo in zip(starts, pad_lo))]
+    return np.lib.stride_tricks.as_strided(base, tuple(shape), tuple(strides), writeable=False)
+
+
+def _gather_read(env: _Env, buf: _Buffer, idx: tuple[Aff, ...]) -> np.ndarray:
+    arr, d = buf.array, env.depth
     index: list[np.ndarray] = []
     for axis in range(buf.depth):
         n = arr.shape[axis]
@@ -105,7 +184,7 @@ def _read(env: _Env, e: Read) -> np.ndarray:
             (1,) * axis + (n,) + (1,) * (d - axis - 1))
         index.append(grid)
     valid = np.ones((1,) * d, dtype=bool)
-    for k, a in enumerate(e.idx):
+    for k, a in enumerate(idx):
         n = arr.shape[buf.depth + k]
         i = env.aff(a)
         valid = valid & (i >= 0) & (i < n)
@@ -113,14 +192,13 @@ def _read(env: _Env, e: Read) -> np.ndarray:
     if arr.size == 0:
         return np.full(np.broadcast_shapes(*(i.shape for i in index), valid.shape), np.nan)
     out = arr[tuple(index)] if index else arr.reshape((1,) * d)
-    return np.where(valid, out, np.nan)
+    return out if valid.all() else np.where(valid, out, np.nan)
 
 
 def _reduce_axis(env: _Env, var: str, ext: Ext, body: Expr) -> tuple[np.ndarray, np.ndarray]:
     """Evaluate body with var pushed; return (values broadcast over var axis, in-range mask)."""
     n = env.ext(ext)
-    top = int(n.max()) if n.size else 0
-    env.push(var, np.arange(top))
+    env.push(var, _top(n))
     try:
         vals = evaluate(env, body)
         live = env.index(var) < _lift(n, env.depth)
@@ -130,23 +208,225 @@ def _reduce_axis(env: _Env, var: str, ext: Ext, body: Expr) -> tuple[np.ndarray,
     return np.broadcast_to(vals, shape), np.broadcast_to(live, shape)
 
 
+# --------------------------------------------------------------------------- contractions
+
+
+def _is_zero(e: Expr) -> bool:
+    return isinstance(e, Const) and e.value == 0.0
+
+
+def _factors(e: Expr) -> list[Expr]:
+    if isinstance(e, Bin) and e.op == "*":
+        return _factors(e.a) + _factors(e.b)
+    return [e]
+
+
+def _axes(a: np.ndarray) -> frozenset[int]:
+    return frozenset(i for i, n in enumerate(a.shape) if n != 1)
+
+
+def _product(arrays: list[np.ndarray]) -> np.ndarray:
+    out = arrays[0]
+    for a in arrays[1:]:
+        out = out * a
+    return out
+
+
+def _split(vals: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The factors multiplied into two operands, grouped so the operands are smallest."""
+    best: tuple[int, list[np.ndarray], list[np.ndarray]] | None = None
+    for sides in cartesian((0, 1), repeat=len(vals) - 1):
+        left = [vals[0]] + [v for v, s in zip(vals[1:], sides) if s == 0]
+        right = [v for v, s in zip(vals[1:], sides) if s == 1]
+        if not right:
+            continue
+        cost = sum(int(np.prod(np.broadcast_shapes(*(x.shape for x in g)))) for g in (left, right))
+        if best is None or cost < best[0]:
+            best = (cost, left, right)
+    assert best is not None
+    with np.errstate(all="ignore"):
+        return _product(best[1]), _product(best[2])
+
+
+def _matmul_sum(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Σ over the last axis of a·b (broadcast), through a batched matrix product."""
+    d = a.ndim - 1
+    k = max(a.shape[-1], b.shape[-1])
+    a = np.broadcast_to(a, a.shape[:-1] + (k,))
+    b = np.broadcast_to(b, b.shape[:-1] + (k,))
+    batch = [i for i in range(d) if a.shape[i] > 1 and b.shape[i] > 1]
+    only_a = [i for i in range(d) if a.shape[i] > 1 and b.shape[i] == 1]
+    only_b = [i for i in range(d) if b.shape[i] > 1 and a.shape[i] == 1]
+    rest_a = [i for i in range(d) if i not in batch and i not in only_a]
+    rest_b = [i for i in range(d) if i not in batch and i not in only_b]
+    size = lambda x, axes: int(np.prod([x.shape[i] for i in axes]))  # noqa: E731
+    nb, na, nob = size(a, batch), size(a, only_a), size(b, only_b)
+    am = a.transpose(batch + only_a + rest_a + [d]).reshape(nb, na, k)
+    bm = b.transpose(batch + [d] + only_b + rest_b).reshape(nb, k, nob)
+    c = _batched_matmul(am, bm)
+    perm = batch + only_a + only_b
+    full = [a.shape[i] if i in batch or i in only_a else b.shape[i] for i in perm]
+    c = c.reshape(full).transpose(np.argsort(perm))
+    return c.reshape(tuple(a.shape[i] if (i in batch or i in only_a) else b.shape[i] if i in only_b else 1
+                           for i in range(d)))
+
+
+# OpenBLAS runs a dgemm whose m·n·k is below this on the calling thread; larger ones wake its
+# thread pool, which on a loaded machine (or beside other test workers) costs more than it saves.
+_SERIAL_GEMM = 4 * 65536
+
+
+def _batched_matmul(am: np.ndarray, bm: np.ndarray) -> np.ndarray:
+    """(b, m, k) @ (b, k, n) in float64, through BLAS in blocks it runs on this thread."""
+    _, m, k = am.shape
+    n = bm.shape[2]
+    if m == 1 or n == 1 or 4 * k > _SERIAL_GEMM:
+        return np.einsum("bik,bkj->bij", am, bm)
+    cols = min(n, max(2, _SERIAL_GEMM // (2 * k)))
+    rows = min(m, max(2, _SERIAL_GEMM // (k * cols)))
+    if rows == m and cols == n:
+        return np.matmul(am, bm)
+    out = np.empty(am.shape[:2] + (n,))
+    for r in range(0, m, rows):
+        for c in range(0, n, cols):
+            out[:, r:r + rows, c:c + cols] = np.matmul(am[:, r:r + rows], bm[:, :, c:c + cols])
+    return out
+
+
+def _contract(env: _Env, e: Reduce) -> np.ndarray | None:
+    """sum(var: [conds] ? f₁·…·fₘ : 0) through a matrix product; None when it is not one."""
+    conds: list[Cond] = []
+    body = e.body
+    while isinstance(body, Select) and _is_zero(body.other):
+        conds.extend(body.conds)
+        body = body.then
+    factors = _factors(body)
+    if not 2 <= len(factors) <= 6:
+        return None
+    n = env.ext(e.ext)
+    top = _top(n)
+    if top == 0:
+        return None
+    env.push(e.var, top)
+    try:
+        vals = [evaluate(env, f) for f in factors]
+        masks = [env.cond((c,)) for c in conds]
+        if n.size != 1 or int(n.reshape(())) != top:
+            masks.append(env.index(e.var) < _lift(n, env.depth))
+    finally:
+        env.pop()
+    a, b = _split(vals)
+    # The term is a·b where every guard holds and 0 elsewhere, whatever a·b is there: each
+    # guard zeroes the operands whose axes cover it (one covering neither zeroes a, which
+    # grows to its axes).
+    in_a = [m for m in masks if _axes(m) <= _axes(a) or not _axes(m) <= _axes(b)]
+    in_b = [m for m in masks if _axes(m) <= _axes(b)]
+    keep_a, keep_b = _all(in_a, a.shape), _all(in_b, b.shape)
+    if not keep_a.all():
+        a = np.where(keep_a, a, 0.0)
+    if not keep_b.all():
+        b = np.where(keep_b, b, 0.0)
+    fin_a, fin_b = np.isfinite(a), np.isfinite(b)
+    if fin_a.all() and fin_b.all():
+        return _matmul_sum(a, b)
+    return _nonfinite_sum(a, b, keep_a, keep_b, fin_a, fin_b)
+
+
+def _nonfinite_sum(
+    a: np.ndarray, b: np.ndarray, keep_a: np.ndarray, keep_b: np.ndarray, fin_a: np.ndarray, fin_b: np.ndarray
+) -> np.ndarray:
+    """Σ over the last axis of (keep_a·keep_b ? a·b : 0) when an operand is NaN or ±inf somewhere.
+
+    The finite terms are contracted as usual; which sums the other terms make NaN, +inf or
+    -inf follows from IEEE products (NaN·x and ±inf·0 are NaN, ±inf·x carries the sign of
+    the product) and sums (+inf + -inf is NaN), each an "exists k" counted by a contraction of
+    indicator arrays.
+    """
+    out = _matmul_sum(np.where(fin_a, a, 0.0), np.where(fin_b, b, 0.0))
+
+    def exists(x: np.ndarray, y: np.ndarray) -> np.ndarray | bool:
+        if not (x.any() and y.any()):
+            return False
+        return _matmul_sum(x.astype(np.float64), y.astype(np.float64)) > 0
+
+    nan_a, nan_b = np.isnan(a), np.isnan(b)
+    pinf_a, ninf_a, pinf_b, ninf_b = a == np.inf, a == -np.inf, b == np.inf, b == -np.inf
+    inf_a, inf_b = pinf_a | ninf_a, pinf_b | ninf_b
+    zero_a, zero_b = (a == 0) & keep_a, (b == 0) & keep_b
+    pos_a, neg_a, pos_b, neg_b = a > 0, a < 0, b > 0, b < 0
+    nan = (exists(nan_a, keep_b) | exists(keep_a, nan_b)
+           | exists(inf_a, zero_b) | exists(zero_a, inf_b))
+    pinf = (exists(pinf_a, pos_b) | exists(ninf_a, neg_b)
+            | exists(pos_a, pinf_b) | exists(neg_a, ninf_b))
+    ninf = (exists(pinf_a, neg_b) | exists(ninf_a, pos_b)
+            | exists(pos_a, ninf_b) | exists(neg_a, pinf_b))
+    out = np.where(ninf, -np.inf, out)
+    out = np.where(pinf, np.inf, out)
+    return np.where(nan | (pinf & ninf), np.nan, out)
+
+
+def _all(masks: list[np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
+    out = np.ones((1,) * len(shape), dtype=bool)
+    for m in masks:
+        out = out & m
+    return out
+
+
+# --------------------------------------------------------------------------- expressions
+
+
 def _bind(env: _Env, b: Binding) -> _Buffer:
     depth = env.depth
     for v, x in b.dims:
         n = env.ext(x)
         if n.size != 1 and np.unique(n).size != 1:
             raise InterpError(f"buffer {b.name}: extent of {v} must not vary")
-        env.push(v, np.arange(int(n.max()) if n.size else 0))
+        env.push(v, _top(n))
     try:
         val = evaluate(env, b.value)
         full = tuple(
-            arr.shape[-1] if arr.ndim else 1 for _, arr in env.vars[depth:]
+            arr.shape[-1] for _, _, arr in env.vars[depth:]
         )
         val = np.broadcast_to(val, val.shape[:depth] + full) if val.ndim >= depth else val
     finally:
         for _ in b.dims:
             env.pop()
     return _Buffer(np.asarray(val, dtype=np.float64), depth)
+
+
+def _softmax(env: _Env, e: Softmax) -> np.ndarray:
+    at = env.aff(e.at)
+    n = env.ext(e.ext)
+    top = _top(n)
+    env.push(e.var, top)
+    try:
+        score = evaluate(env, e.score)
+        keep = env.cond(e.mask) & (env.index(e.var) < _lift(n, env.depth))
+    finally:
+        env.pop()
+    # The distribution over var is computed once per point of the indices the score uses,
+    # then read at `at` (which may vary over further indices).
+    shape = np.broadcast_shapes(score.shape, keep.shape, (1,) * env.depth + (top,))
+    keep = np.broadcast_to(keep, shape)
+    score = np.where(keep, np.broadcast_to(score, shape), -np.inf)
+    with np.errstate(all="ignore"):
+        m = score.max(axis=-1, keepdims=True) if top else np.full(shape[:-1] + (1,), -np.inf)
+        w = np.exp(score - np.where(np.isfinite(m), m, 0.0))
+        w = np.where(keep, w, 0.0)
+        total = w.sum(axis=-1, keepdims=True)
+        p = np.where(total > 0, w / np.where(total > 0, total, 1.0), 0.0)
+    d = env.depth
+    valid = (at >= 0) & (at < top)
+    if top == 0:
+        return np.full(np.broadcast_shapes(p.shape[:-1], at.shape), np.nan)
+    index: list[np.ndarray] = []
+    for axis in range(d):
+        k = p.shape[axis]
+        index.append(np.zeros((1,) * d, dtype=np.int64) if k == 1 else np.arange(k).reshape(
+            (1,) * axis + (k,) + (1,) * (d - axis - 1)))
+    index.append(np.clip(at, 0, top - 1))
+    picked = p[tuple(index)]
+    return picked if valid.all() else np.where(valid, picked, np.nan)
 
 
 def evaluate(env: _Env, e: Expr) -> np.ndarray:
@@ -183,6 +463,10 @@ def evaluate(env: _Env, e: Expr) -> np.ndarray:
     if isinstance(e, Select):
         return np.where(env.cond(e.conds), evaluate(env, e.then), evaluate(env, e.other))
     if isinstance(e, Reduce):
+        if e.op == "sum" and env.contract:
+            out = _contract(env, e)
+            if out is not None:
+                return out
         vals, live = _reduce_axis(env, e.var, e.ext, e.body)
         if e.op == "sum":
             return np.where(live, vals, 0.0).sum(axis=-1)
@@ -192,27 +476,7 @@ def evaluate(env: _Env, e: Expr) -> np.ndarray:
             return np.where(live, vals, -np.inf).max(axis=-1)
         raise InterpError(f"unknown reduction {e.op}")
     if isinstance(e, Softmax):
-        at = env.aff(e.at)
-        n = env.ext(e.ext)
-        top = int(n.max()) if n.size else 0
-        env.push(e.var, np.arange(top))
-        try:
-            score = evaluate(env, e.score)
-            keep = env.cond(e.mask) & (env.index(e.var) < _lift(n, env.depth))
-        finally:
-            env.pop()
-        shape = np.broadcast_shapes(score.shape, keep.shape, at.shape + (1,))
-        score = np.where(np.broadcast_to(keep, shape), np.broadcast_to(score, shape), -np.inf)
-        with np.errstate(all="ignore"):
-            m = score.max(axis=-1, keepdims=True)
-            w = np.exp(score - np.where(np.isfinite(m), m, 0.0))
-            w = np.where(np.broadcast_to(keep, shape), w, 0.0)
-            total = w.sum(axis=-1, keepdims=True)
-            p = np.where(total > 0, w / np.where(total > 0, total, 1.0), 0.0)
-        idx = np.broadcast_to(at, shape[:-1])[..., None]
-        valid = (idx >= 0) & (idx < top)
-        picked = np.take_along_axis(p, np.clip(idx, 0, max(top - 1, 0)), axis=-1)
-        return np.where(valid, picked, np.nan)[..., 0]
+        return _softmax(env, e)
     if isinstance(e, Let):
         env.locals.append((e.bind.name, _bind(env, e.bind)))
         try:
@@ -228,12 +492,11 @@ def _fold(env: _Env, e: Fold) -> np.ndarray:
     depth = env.depth
     state = [np.asarray(evaluate(env, x), dtype=np.float64) for x in e.init]
     n = env.ext(e.ext)
-    steps = int(n.max()) if n.size else 0
-    for t in range(steps):
+    for t in range(_top(n)):
         live = _lift(t < n, depth)
         for name, arr in zip(e.state, state):
             env.locals.append((name, _Buffer(arr, depth)))
-        env.push(e.var, np.array([t]))
+        env.push(e.var, 1, t)
         pushed = len(e.state)
         try:
             for b in e.binds:
@@ -243,7 +506,7 @@ def _fold(env: _Env, e: Fold) -> np.ndarray:
         finally:
             env.pop()
             del env.locals[len(env.locals) - pushed:]
-        state = [np.where(live, nv, old) for nv, old in zip(new, state)]
+        state = [nv if live.all() else np.where(live, nv, old) for nv, old in zip(new, state)]
     for name, arr in zip(e.state, state):
         env.locals.append((name, _Buffer(arr, depth)))
     try:
@@ -252,40 +515,49 @@ def _fold(env: _Env, e: Fold) -> np.ndarray:
         del env.locals[len(env.locals) - len(e.state):]
 
 
+# --------------------------------------------------------------------------- definitions
+
+
 def shape_of(p: Program, name: str, sizes: Mapping[str, int]) -> tuple[int, ...]:
     return tuple(a.evaluate(sizes) for a in p.tensor_type(name).dims)
 
 
-def run_def(d: Def, sizes: Mapping[str, int], tensors: dict[str, np.ndarray]) -> np.ndarray:
-    env = _Env(sizes, tensors)
+def run_def(
+    d: Def, sizes: Mapping[str, int], tensors: dict[str, np.ndarray], *, contract: bool = True
+) -> np.ndarray:
+    env = _Env(sizes, tensors, contract)
     shape = tuple(a.evaluate(sizes) for a in d.type.dims)
     for lp in d.loops:
-        n = env.ext(lp.ext)
-        env.push(lp.var, np.arange(int(n.max()) if n.size else 0))
+        env.push(lp.var, _top(env.ext(lp.ext)))
         # a loop whose extent varies with outer indices is masked below
     values = evaluate(env, d.body)
     live = env.cond(d.guard)
     for k, lp in enumerate(d.loops):
-        env_n = _loop_extent_mask(env, lp, k)
-        live = live & env_n
-    full = tuple(arr.shape[-1] for _, arr in env.vars)
+        live = live & _loop_extent_mask(env, lp, k)
+    full = tuple(arr.shape[-1] for _, _, arr in env.vars)
+    every = bool(live.all())
     live = np.broadcast_to(live, full)
     values = np.broadcast_to(values, full)
-    idx = [np.broadcast_to(env.aff(a), full)[live] for a in d.store]
-    out = np.full(shape, np.nan)
-    count = np.zeros(shape, dtype=np.int64)
-    for k, (i, n) in enumerate(zip(idx, shape)):
-        if i.size and (i.min() < 0 or i.max() >= n):
+    affs = [env.aff(a) for a in d.store]
+    # Every live point's store index, flattened (C order) into the tensor.
+    flat: np.ndarray | int = 0
+    for k, (i, n) in enumerate(zip(affs, shape)):
+        if not every:
+            i = np.broadcast_to(i, full)[live]
+        if i.size and live.size and (i.min() < 0 or i.max() >= n):
             raise InterpError(f"def {d.name} stores outside dimension {k} (extent {n})")
-    if shape and idx:
-        np.add.at(count, tuple(idx), 1)
-        out[tuple(idx)] = values[live]
-    elif not shape:
-        count[()] = int(live.sum())
-        if live.any():
-            out[()] = values[live][0]
+        flat = flat * n + i
+    if every:
+        flat = np.broadcast_to(flat, full).reshape(-1)
+        stored = values.reshape(-1)
+    else:
+        flat = np.broadcast_to(flat, (int(live.sum()),))
+        stored = values[live]
+    out = np.full(shape, np.nan)
+    count = np.bincount(flat, minlength=out.size).reshape(shape)
+    out.reshape(-1)[flat] = stored
     if np.any(count != 1):
-        bad = np.argwhere(count != 1)[0]
+        bad = np.unravel_index(int(np.argmax(count != 1)), shape) if shape else ()
         raise InterpError(
             f"def {d.name} writes element {tuple(int(x) for x in bad)} "
             f"{int(count[tuple(bad)])} times (must be exactly once)"
@@ -295,17 +567,17 @@ def run_def(d: Def, sizes: Mapping[str, int], tensors: dict[str, np.ndarray]) ->
 
 def _loop_extent_mask(env: _Env, lp, k: int) -> np.ndarray:
     n = env.ext(lp.ext)
-    name, arr = env.vars[k]
+    arr = env.vars[k][2]
     return _lift(arr, env.depth) < n
 
 
 def run_program(
-    p: Program, sizes: Mapping[str, int], inputs: Mapping[str, np.ndarray]
+    p: Program, sizes: Mapping[str, int], inputs: Mapping[str, np.ndarray], *, contract: bool = True
 ) -> dict[str, np.ndarray]:
     """Evaluate every def in order; returns all tensors (inputs included)."""
     tensors: dict[str, np.ndarray] = {k: np.asarray(v, dtype=np.float64) for k, v in inputs.items()}
     for d in p.defs:
-        tensors[d.name] = run_def(d, sizes, tensors)
+        tensors[d.name] = run_def(d, sizes, tensors, contract=contract)
     return tensors
 
 
@@ -319,6 +591,16 @@ def rel_error(out: np.ndarray, ref: np.ndarray) -> float:
     """‖out − ref‖ / ‖ref‖, infinite when out has a NaN or the shapes differ."""
     if out.shape != ref.shape or not np.all(np.isfinite(out)):
         return float("inf")
-    denom = float(np.linalg.norm(ref))
-    diff = float(np.linalg.norm(out - ref))
+    denom = _norm(ref)
+    diff = _norm(out - ref)
     return diff / denom if denom else diff
+
+
+def _norm(x: np.ndarray) -> float:
+    """The 2-norm, scaled against overflow.  Not np.linalg.norm: its BLAS call wakes a thread
+    pool, which on a loaded machine costs milliseconds per call."""
+    a = np.abs(np.asarray(x, dtype=np.float64))
+    top = float(a.max()) if a.size else 0.0
+    if top == 0.0 or not np.isfinite(top):
+        return top
+    return top * float(np.sqrt(np.sum(np.square(a / top))))
