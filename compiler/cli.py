@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
-import tempfile
 import traceback
 from collections.abc import Callable, Sequence
 from importlib import import_module
@@ -23,6 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
+from .outdir import (
+    BUILD_MARKER, OutputRefused, Terminated, atomic_dir, check_replaceable, terminate_raises, write_marker,
+)
 from .errors import (
     EXIT_DERIVATION_FAILED,
     EXIT_INVALID_INPUT,
@@ -52,9 +53,14 @@ class UsageError(Exception):
 
 
 class BuildError(Exception):
-    """A later build stage (proof obligations, codegen) failed (exit 3)."""
+    """A later build stage (proof obligations, codegen) failed (exit 3).  `keep`: files of
+    the unfinished build worth keeping (moved to DIR.failed/ by atomic_dir)."""
 
     exit_code = EXIT_DERIVATION_FAILED
+
+    def __init__(self, message: str, keep: Sequence[str] = ()):
+        super().__init__(message)
+        self.keep = tuple(keep)
 
 
 class ProofCheckError(BuildError):
@@ -172,59 +178,17 @@ def write_outputs(derivation: Any, outdir: Path, *, codegen: bool = True, proofs
             build.emit(d, outdir, kernel)
         except (SpecError, DerivationError):
             raise
-        except Exception as exc:
-            raise BuildError(f"{d.file}: codegen: {_one_line(exc)}") from exc
+        except Exception as exc:  # kernel sources and compiler logs help to see why
+            keep = sorted((p.name for p in outdir.iterdir() if p.suffix in (".cu", ".log")),
+                          key=lambda n: (not n.endswith(".cu"), n))
+            raise BuildError(f"{d.file}: codegen: {_one_line(exc)}", keep) from exc
+    write_marker(outdir, BUILD_MARKER)
 
 
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     first = text[0] if text else ""
     return f"{type(exc).__name__}: {first}" if not first or type(exc).__module__ == "builtins" else first
-
-
-def atomic_dir(outdir: Path, fill: Callable[[Path], None]) -> None:
-    """Build a directory in a temp dir beside `outdir`, then move it into place.
-
-    On success an existing `outdir` is replaced; on failure it is untouched, and neither the
-    temp dir nor any parent directory created for it is left behind.
-    """
-    outdir = Path(os.path.abspath(outdir))
-    if outdir.exists() and not outdir.is_dir():
-        raise UsageError(f"{outdir}: exists and is not a directory")
-    created: list[Path] = []
-    p = outdir.parent
-    while not p.exists():
-        created.append(p)
-        p = p.parent
-    tmp: Path | None = None
-    try:
-        for q in reversed(created):
-            q.mkdir()
-        tmp = Path(tempfile.mkdtemp(prefix=f".{outdir.name}.tmp-", dir=outdir.parent))
-        os.chmod(tmp, 0o755)
-        fill(tmp)
-        if outdir.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{outdir.name}.old-", dir=outdir.parent))
-            os.replace(outdir, old)  # onto an empty dir: allowed
-            try:
-                os.replace(tmp, outdir)
-            except BaseException:
-                os.replace(old, outdir)
-                raise
-            tmp = None
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, outdir)
-            tmp = None
-    except BaseException:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
-        for q in created:  # innermost first
-            try:
-                q.rmdir()
-            except OSError:
-                break
-        raise
 
 
 def build_to(file: Path, outdir: Path, *, seed: int | None = None, codegen: bool = True,
@@ -239,6 +203,7 @@ def build_to(file: Path, outdir: Path, *, seed: int | None = None, codegen: bool
 
     if outdir.exists() and not outdir.is_dir():
         raise UsageError(f"-o {outdir}: exists and is not a directory")
+    check_replaceable(outdir.absolute())  # refuse before deriving, not after
     if verify and not proofs:
         raise UsageError("build: --verify checks the proof obligations: it cannot go with --no-proofs")
     if verify and not coqc_available():
@@ -319,8 +284,40 @@ def cmd_explain(args: argparse.Namespace, out: Out) -> int:
 # --------------------------------------------------------------------------- dispatchers
 
 
-def _dispatch(module: str, what: str) -> Callable[[argparse.Namespace, Out], int]:
+def gpu_missing(*modules: str) -> str | None:
+    """Why `derivc run` / `bench` cannot run here (no CuPy, no device, no torch), or None."""
+    try:
+        import cupy
+    except ImportError:
+        return "not available: no GPU (CuPy is not installed: pip install '.[gpu]'); nothing was built"
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # noqa: BLE001 - no driver, no device: CUDA's own reason
+        return f"not available: no GPU ({_one_line(exc)}); nothing was built"
+    if count < 1:
+        return "not available: no CUDA device; nothing was built"
+    for name in modules:
+        try:
+            import_module(name)
+        except ImportError:
+            return f"not available: {name} is not installed (pip install '.[bench]'); nothing was built"
+    return None
+
+
+def coqc_missing() -> str | None:
+    """Why `derivc verify` cannot check anything here, or None."""
+    if shutil.which("coqc") is None:
+        return "not available: coqc not found (install Coq 8.16: bash proofs_ci/install_coq.sh); nothing was checked"
+    return None
+
+
+def _dispatch(module: str, what: str, requires: Callable[[], str | None] | None = None
+              ) -> Callable[[argparse.Namespace, Out], int]:
     def run(args: argparse.Namespace, out: Out) -> int:
+        missing = requires() if requires is not None else None
+        if missing:  # before anything is built
+            error_line(f"{what}: {missing}")
+            return EXIT_UNAVAILABLE
         mod = _optional(module)
         if mod is None or not hasattr(mod, "main"):
             sys.stderr.write(f"derivc: {what} not available yet\n")
@@ -366,7 +363,7 @@ def make_parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("verify", help="re-check a build directory (proofs, trace)")
     v.add_argument("dir")
-    v.set_defaults(func=_dispatch("compiler.verify", "verify"), extras_ok=True)
+    v.set_defaults(func=_dispatch("compiler.verify", "verify", coqc_missing), extras_ok=True)
 
     r = sub.add_parser("replay", help="replay a build directory's trace up to a step")
     r.add_argument("dir")
@@ -378,13 +375,14 @@ def make_parser() -> argparse.ArgumentParser:
     run.add_argument("--check", action="store_true", help="compare against the float64 reference")
     run.add_argument("--sizes", help="dynamic sizes, e.g. B=2,H=4,N=1000 (default: the check sizes)")
     run.add_argument("--seed", type=int, default=0)
-    run.set_defaults(func=_dispatch("codegen.run_cmd", "run"), extras_ok=False)
+    run.set_defaults(func=_dispatch("codegen.run_cmd", "run", lambda: gpu_missing("torch")), extras_ok=False)
 
     bench = sub.add_parser("bench", help="time derived kernels against cuBLAS / torch SDPA on the GPU")
     bench.add_argument("--quick", action="store_true", help="one size per family")
     bench.add_argument("--only", default="", help="comma-separated case families: gemm, attn")
     bench.add_argument("--out", default="bench-out", help="directory for bench.json and bench.png")
-    bench.set_defaults(func=_dispatch("codegen.bench", "bench"), extras_ok=False)
+    bench.set_defaults(func=_dispatch("codegen.bench", "bench", lambda: gpu_missing("torch", "triton")),
+                       extras_ok=False)
     return p
 
 
@@ -400,8 +398,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.extra = extras
     out = Out(plain=args.plain)
     try:
-        return args.func(args, out)
-    except (SpecError, DerivationError, UsageError, BuildError) as exc:
+        with terminate_raises():
+            return args.func(args, out)
+    except (SpecError, DerivationError, UsageError, BuildError, OutputRefused) as exc:
         if args.debug:
             traceback.print_exc()
         error_line(exc.message() if hasattr(exc, "message") else str(exc))
@@ -409,6 +408,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         error_line("interrupted")
         return 130
+    except Terminated as exc:
+        error_line(str(exc))
+        return exc.exit_code
     except Exception as exc:  # noqa: BLE001 - a bug: one line, unless --debug
         if args.debug:
             traceback.print_exc()
