@@ -195,6 +195,22 @@ def check_files(build: Path) -> tuple[list[Mismatch], int]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def spec_origin(build: Path) -> str:
+    """Which schedule file DIR was built from, and whether the file at that path still has the
+    recorded text (information only: the file may have moved; the recorded text is what counts)."""
+    try:
+        trace = _load_trace(build)
+    except RebuildError:
+        return ""
+    file, sha = trace["spec_file"], trace["spec_file_sha256"]
+    try:
+        now = hashlib.sha256(Path(file).read_bytes()).hexdigest()
+        state = "the file there now is the same" if now == sha else "the file there now DIFFERS"
+    except OSError:
+        state = "no such file here"
+    return f"spec: built from {file} (sha256 {sha[:16]}…; {state})"
+
+
 # --------------------------------------------------------------------------- proof obligations
 
 
@@ -376,6 +392,9 @@ def main(args: Any) -> int:
         out.line(f"files: all {same} identical to a rebuild from the recorded spec "
                  f"(not compared: {', '.join(NOT_COMPARED)})", style="green")
 
+    origin = spec_origin(build)
+    if origin:
+        out.line(origin)
     if not coqlib.coqc_available():  # the CLI refuses earlier (exit 1); callers of main() land here
         if mismatches:
             return fail(mismatches[0].line() + "; and coqc not found: the obligations were not checked")

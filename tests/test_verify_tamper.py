@@ -77,6 +77,7 @@ def test_untampered_build_verifies_and_verify_leaves_it_as_it_was(copy, capsys):
     rc, out, err = _verify(copy, capsys)
     assert rc == 0, out + err
     assert "identical to a rebuild" in out and "Coq: 2/2 obligations passed" in out
+    assert f"spec: built from {spec} " in out and "the file there now DIFFERS" in out
     after = _tree(copy)
     assert set(after) - set(before) == {verify.VERIFY_REPORT}  # no coqc by-products in DIR
     assert {k: v for k, v in after.items() if k in before} == before
