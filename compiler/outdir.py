@@ -74,7 +74,7 @@ def _walk_files(root: Path) -> Iterator[tuple[str, Path]]:
 
 def write_marker(directory: Path, marker: str = BUILD_MARKER) -> None:
     """Record every file now in `directory` as written by derivc."""
-    files = {rel: _sha256(p) for rel, p in _walk_files(directory) if rel != marker}
+    files = {rel: _sha256(p) for rel, p in _walk_files(directory) if rel != marker and rel not in WRITTEN_LATER}
     body = {"derivc": __version__, "kind": "build" if marker == BUILD_MARKER else "failed build", "files": files}
     (directory / marker).write_text(json.dumps(body, indent=1, sort_keys=True) + "\n")
 

@@ -216,7 +216,6 @@ def test_cli_map_mma_on_f32_operands():
 
 # --------------------------------------------------------------------------- strict input (issue 10, item 3)
 
-import yaml as _yaml  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
@@ -396,3 +395,17 @@ def test_a_sum_within_the_limits_builds(tmp_path: Path):
     f.write_text(GOOD_GEMM.replace("sum(k: A[i, k] * B[k, j])", f"sum(k: {terms})"))
     rc, _, err = run_cli(["build", str(f), "-o", str(tmp_path / "out"), "--no-codegen", "--no-proofs"])
     assert rc == 0, err
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.from_regex(r"[a-z]{1,6}", fullmatch=True), min_size=1, max_size=6, unique=True), st.data())
+def test_any_duplicate_key_is_named_with_its_line(keys, data):
+    from compiler.errors import SpecError
+
+    dup = data.draw(st.sampled_from(keys))
+    lines = [f"{k}: 1" for k in keys]
+    at = data.draw(st.integers(min_value=keys.index(dup) + 1, max_value=len(lines)))
+    lines.insert(at, f"{dup}: 2")
+    with pytest.raises(SpecError) as exc:
+        parse_spec_text("\n".join(lines) + "\n", "f.yaml")
+    assert exc.value.where == f"line {at + 1}" and f"duplicate key {dup!r}" in exc.value.reason

@@ -333,3 +333,16 @@ def test_os_helpers_do_not_follow_links(tmp_path: Path):
     assert outdir_mod.foreign_files(d) == ["link"]
     os.unlink(d / "link")
     assert outdir_mod.foreign_files(d) == []
+
+
+def test_marker_leaves_out_what_verify_writes_later(tmp_path: Path):
+    """`build --verify` leaves proofs/verify.json in the build; the marker must equal the one a
+    rebuild writes (derivc verify compares them), so it never lists that file."""
+    d = tmp_path / "d"
+    (d / "proofs").mkdir(parents=True)
+    (d / "a").write_text("a")
+    outdir_mod.write_marker(d)
+    without = (d / ".derivc-build").read_text()
+    (d / "proofs" / "verify.json").write_text("{}")
+    outdir_mod.write_marker(d)
+    assert (d / ".derivc-build").read_text() == without and outdir_mod.foreign_files(d) == []

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from pydantic import Field
 
-from ..ir import Aff, Def, Program, Read, Reduce, TensorType, free_indices, names_in_program
+from ..ir import Aff, Def, Program, Read, Reduce, TensorType, free_indices
 from . import register
 from .base import Facts, Rule, StepParams, enclosing_binders, find_binder, replace_node
 
