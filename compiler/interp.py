@@ -20,7 +20,6 @@ result), and every `Def` must write each element of its tensor exactly once.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import product as cartesian
 from typing import Mapping
 
 import numpy as np
@@ -215,37 +214,8 @@ def _is_zero(e: Expr) -> bool:
     return isinstance(e, Const) and e.value == 0.0
 
 
-def _factors(e: Expr) -> list[Expr]:
-    if isinstance(e, Bin) and e.op == "*":
-        return _factors(e.a) + _factors(e.b)
-    return [e]
-
-
 def _axes(a: np.ndarray) -> frozenset[int]:
     return frozenset(i for i, n in enumerate(a.shape) if n != 1)
-
-
-def _product(arrays: list[np.ndarray]) -> np.ndarray:
-    out = arrays[0]
-    for a in arrays[1:]:
-        out = out * a
-    return out
-
-
-def _split(vals: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """The factors multiplied into two operands, grouped so the operands are smallest."""
-    best: tuple[int, list[np.ndarray], list[np.ndarray]] | None = None
-    for sides in cartesian((0, 1), repeat=len(vals) - 1):
-        left = [vals[0]] + [v for v, s in zip(vals[1:], sides) if s == 0]
-        right = [v for v, s in zip(vals[1:], sides) if s == 1]
-        if not right:
-            continue
-        cost = sum(int(np.prod(np.broadcast_shapes(*(x.shape for x in g)))) for g in (left, right))
-        if best is None or cost < best[0]:
-            best = (cost, left, right)
-    assert best is not None
-    with np.errstate(all="ignore"):
-        return _product(best[1]), _product(best[2])
 
 
 def _matmul_sum(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -294,14 +264,13 @@ def _batched_matmul(am: np.ndarray, bm: np.ndarray) -> np.ndarray:
 
 
 def _contract(env: _Env, e: Reduce) -> np.ndarray | None:
-    """sum(var: [conds] ? f₁·…·fₘ : 0) through a matrix product; None when it is not one."""
+    """sum(var: [conds] ? a · b : 0) through a matrix product; None when it is not one."""
     conds: list[Cond] = []
     body = e.body
     while isinstance(body, Select) and _is_zero(body.other):
         conds.extend(body.conds)
         body = body.then
-    factors = _factors(body)
-    if not 2 <= len(factors) <= 6:
+    if not (isinstance(body, Bin) and body.op == "*"):
         return None
     n = env.ext(e.ext)
     top = _top(n)
@@ -309,13 +278,14 @@ def _contract(env: _Env, e: Reduce) -> np.ndarray | None:
         return None
     env.push(e.var, top)
     try:
-        vals = [evaluate(env, f) for f in factors]
+        # the two operands of the product as written: regrouping a product of three could
+        # turn an underflow into 0 (0·inf = NaN where the definition has tiny·inf = inf)
+        a, b = evaluate(env, body.a), evaluate(env, body.b)
         masks = [env.cond((c,)) for c in conds]
         if n.size != 1 or int(n.reshape(())) != top:
             masks.append(env.index(e.var) < _lift(n, env.depth))
     finally:
         env.pop()
-    a, b = _split(vals)
     # The term is a·b where every guard holds and 0 elsewhere, whatever a·b is there: each
     # guard zeroes the operands whose axes cover it (one covering neither zeroes a, which
     # grows to its axes).
@@ -468,12 +438,13 @@ def evaluate(env: _Env, e: Expr) -> np.ndarray:
             if out is not None:
                 return out
         vals, live = _reduce_axis(env, e.var, e.ext, e.body)
-        if e.op == "sum":
-            return np.where(live, vals, 0.0).sum(axis=-1)
-        if e.op == "max":
-            if vals.shape[-1] == 0:
-                return np.full(vals.shape[:-1], -np.inf)
-            return np.where(live, vals, -np.inf).max(axis=-1)
+        with np.errstate(all="ignore"):
+            if e.op == "sum":
+                return np.where(live, vals, 0.0).sum(axis=-1)
+            if e.op == "max":
+                if vals.shape[-1] == 0:
+                    return np.full(vals.shape[:-1], -np.inf)
+                return np.where(live, vals, -np.inf).max(axis=-1)
         raise InterpError(f"unknown reduction {e.op}")
     if isinstance(e, Softmax):
         return _softmax(env, e)
