@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 L2_BYTES = 60 * 2**20
 
-GEMM_CASES = [("gemm.yaml", "f16"), ("gemm_bf16.yaml", "bf16"), ("gemm_wgmma.yaml", "f16")]
+GEMM_CASES = [("gemm.yaml", "f16"), ("gemm_bf16.yaml", "bf16"), ("gemm_wgmma.yaml", "f16"),
+              ("gemm_wgmma_bf16.yaml", "bf16")]
 ATTN_CASES = [  # (schedule, head dim, causal)
     ("flash_attention.yaml", 128, True),
     ("flash_attention_noncausal.yaml", 128, False),

@@ -67,9 +67,9 @@ def gemm_case(rng: random.Random, idx: int) -> Case:
     stages = 1 if mapping == "simt" else rng.choice([2, 3]) if mapping == "mma_sync" else rng.choice([3, 4])
     sizes: dict[str, Any] = {}
     tc = (64, 128, 192, 256) if mapping != "simt" else (40, 64, 96, 100)
-    sizes["M"] = _size(rng, True, tc)
-    sizes["N"] = _size(rng, True, tc)
-    sizes["K"] = _size(rng, True, tc if mapping == "simt" else (64, 128, 256))
+    sizes["M"] = _size(rng, True, tuple(v for v in tc if v >= bm) or (2 * bm,))
+    sizes["N"] = _size(rng, True, tuple(v for v in tc if v >= bn) or (2 * bn,))
+    sizes["K"] = _size(rng, True, tuple(v for v in (tc if mapping == "simt" else (64, 128, 256)) if v >= bk) or (2 * bk,))
     if batch:
         sizes = {"Z": "dynamic", **sizes}
     zi = "z, " if batch else ""
@@ -162,7 +162,7 @@ def attention_case(rng: random.Random, idx: int) -> Case:
     check = {"B": 1, "H": 2}
     if not n_fixed:
         check["N"] = bm + bm // 2 + 5
-    run = {"B": 2, "H": 3, **({} if n_fixed else {"N": rng.choice([257, 384, 1000])})}
+    run = {"B": 1, "H": 2, **({} if n_fixed else {"N": rng.choice([77, 257, 300])})}
     name = f"a{idx:03d}_{mapping}_{dtype}_d{d}_{layout}_{_mask_tag(mask)}{'_skip' if skip else ''}"
     spec = {"name": name, "sizes": sizes,
             "inputs": {t: {"shape": shape, "dtype": dtype} for t in ("Q", "K", "V")},

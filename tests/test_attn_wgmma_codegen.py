@@ -1,7 +1,7 @@
 """wgmma attention codegen (codegen/render_attn_wgmma.py), CPU only: render, compile with NVRTC for
 sm_90a, check the SASS (HGMMA with a register A operand, TMA loads, no local memory, no serialized
 wgmma pipeline, setmaxnreg honoured) and the plan validation. The GPU check is
-codegen/devtools/attn_wgmma_check.py."""
+tests/gpu (kernels derived from specs)."""
 from __future__ import annotations
 
 import re
@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from codegen import nvrtc, sass  # noqa: E402
-from codegen.devtools.plans import attention  # noqa: E402
+from plankit import attention, mask  # noqa: E402
 from codegen.render_attn_wgmma import (launch_config_attn_wgmma, render_attn_wgmma,  # noqa: E402
                                        tma_supported_attn)
 
@@ -33,21 +33,25 @@ def aw(name: str, dtype: str = "f16", d: int = 128, **kw):
 
 
 PLANS = {
-    "aw_f16_d128_nc": (aw("aw_f16_d128_nc"), True),
-    "aw_f16_d128_c": (aw("aw_f16_d128_c", causal=True), True),
-    "aw_bf16_d128_c": (aw("aw_bf16_d128_c", "bf16", causal=True), True),
-    "aw_f16_d64_c_s3": (aw("aw_f16_d64_c_s3", d=64, causal=True, stages=3), True),
-    "aw_bf16_d64_nc_unguarded": (aw("aw_bf16_d64_nc_unguarded", "bf16", d=64, guards=(False, False)), True),
-    "aw_f16_d128_bn64_c": (aw("aw_f16_d128_bn64_c", block=(128, 64), stages=3, causal=True), True),
-    "awno_f16_d128_c": (aw("awno_f16_d128_c", causal=True), False),
-    "aw_f16_d128_64rows": (aw("aw_f16_d128_64rows", block=(64, 128), causal=True), True),
+    "aw_f16_d128_nc": (aw("aw_f16_d128_nc"), True, False),
+    "aw_f16_d128_c": (aw("aw_f16_d128_c"), True, True),
+    "aw_bf16_d128_c": (aw("aw_bf16_d128_c", "bf16"), True, True),
+    "aw_f16_d64_c_s3": (aw("aw_f16_d64_c_s3", d=64, stages=3), True, True),
+    "aw_bf16_d64_nc_unguarded": (aw("aw_bf16_d64_nc_unguarded", "bf16", d=64, guards=(False, False)), True, False),
+    "aw_f16_d128_bn64_c": (aw("aw_f16_d128_bn64_c", block=(128, 64), stages=3), True, True),
+    "awno_f16_d128_c": (aw("awno_f16_d128_c"), False, True),
+    "aw_f16_d128_64rows": (aw("aw_f16_d128_64rows", block=(64, 128)), True, True),
 }
+
+
+def render(key, **kw):
+    plan, ov, causal = PLANS[key]
+    return plan, render_attn_wgmma(plan, mask(plan, causal), overlap=ov, **kw)
 
 
 @pytest.mark.parametrize("key", list(PLANS))
 def test_render_contract(key):
-    plan, ov = PLANS[key]
-    ks = render_attn_wgmma(plan, overlap=ov)
+    plan, ks = render(key)
     assert ks.entry == plan.kernel_name
     assert "--gpu-architecture=sm_90a" in ks.options
     assert ks.threads == plan.warps * 32 + 128
@@ -66,8 +70,7 @@ def test_render_contract(key):
 @needs_sass
 @pytest.mark.parametrize("key", list(PLANS))
 def test_compiles_to_hgmma_without_local_memory(key):
-    plan, ov = PLANS[key]
-    ks = render_attn_wgmma(plan, overlap=ov)
+    plan, ks = render(key)
     res = nvrtc.compile_cubin(ks.source, ks.entry, tuple(ks.options) + ("-Xptxas=-v",))
     for code in ("C7513", "C7515", "C7510"):
         assert code not in res.log, f"ptxas serialized the wgmma pipeline ({code})"
@@ -86,8 +89,7 @@ def test_compiles_to_hgmma_without_local_memory(key):
 def test_softmax_overlaps_the_pv_wgmma():
     """overlap=True: between the wait that leaves one group (P.V) in flight and the full wait, the
     exp2 of the softmax runs (ptxas neither hoists the wait nor serializes the pipeline)."""
-    plan, _ = PLANS["aw_f16_d128_nc"]
-    ks = render_attn_wgmma(plan, overlap=True)
+    plan, ks = render("aw_f16_d128_nc")
     rep = sass.disassemble(nvrtc.compile_cubin(ks.source, ks.entry, ks.options).cubin)
     seq = [ln for ln in rep.text.splitlines() if re.search(r"WARPGROUP\.DEPBAR|MUFU\.EX2", ln)]
     i1 = next(i for i, ln in enumerate(seq) if "DEPBAR.LE gsb0, 0x1" in ln)
@@ -112,16 +114,17 @@ def test_softmax_overlaps_the_pv_wgmma():
 def test_plan_validation(kw, msg):
     dtype = kw.pop("dtype", "f16")
     with pytest.raises(ValueError, match=msg):
-        render_attn_wgmma(aw("bad", dtype, **kw))
+        p = aw("bad", dtype, **kw)
+        render_attn_wgmma(p, mask(p, False))
 
 
 def test_needs_sm90a_and_tma():
     with pytest.raises(ValueError, match="sm_90a"):
-        render_attn_wgmma(aw("x"), options=("--gpu-architecture=sm_90",))
+        render_attn_wgmma(aw("x"), mask(aw("x"), False), options=("--gpu-architecture=sm_90",))
     with pytest.raises(ValueError, match="TMA"):
-        render_attn_wgmma(aw("x"), tma=False)
+        render_attn_wgmma(aw("x"), mask(aw("x"), False), tma=False)
     with pytest.raises(ValueError, match="wgmma"):
-        render_attn_wgmma(replace(aw("x"), mma="mma_sync"))
+        render_attn_wgmma(replace(aw("x"), mma="mma_sync"), mask(aw("x"), False))
 
 
 def test_tma_supported():

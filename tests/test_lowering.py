@@ -74,12 +74,17 @@ def test_kernel_ir_interpreter_catches_a_dropped_guard(tmp_path):
     k = lower(d.final, name)
     sizes = dict(d.check_sizes)
     assert kir_interp.validate(k, d.final, sizes, 1)["rel_error"] <= 1e-12
-    # the lowering forgets the K tile's zero fill: partial key tiles read past N
+    # the lowering forgets the score mask (of S and of P): masked keys contribute
     loop = next(s for s in k.body if isinstance(s, TileLoop))
-    body = tuple(replace(s, value=s.value.then) if isinstance(s, Stage) and s.buf.source == "K" else s
+    body = tuple(replace(s, value=s.value.then) if isinstance(s, Compute) and isinstance(s.value, Select) else s
                  for s in loop.body)
     bad = replace(k, body=tuple(replace(s, body=body) if s is loop else s for s in k.body))
     assert kir_interp.validate(bad, d.final, sizes, 1)["rel_error"] > 1e-12
+    # ... or stops the key sweep one tile early
+    from compiler.ir import Aff, Ext
+    short = replace(loop, ext=Ext(((Aff.build({"io": 128}), 64),)))
+    bad1 = replace(k, body=tuple(short if s is loop else s for s in k.body))
+    assert kir_interp.validate(bad1, d.final, sizes, 1)["rel_error"] > 1e-12
     # ... or the store guard: rows past N are written out of bounds
     bad2 = replace(k, store=replace(k.store, guard=()))
     with pytest.raises(kir_interp.KirError, match="outside"):
@@ -102,7 +107,7 @@ def test_a_wrong_lowering_stops_the_build(tmp_path, monkeypatch):
     orig = low._Lowering.expr
 
     def drop_conditions(self, e, inside_dims=False):
-        if isinstance(e, Select) and e.other == Const(float("-inf")):
+        if isinstance(e, Select) and (e.other == Const(float("-inf")) or getattr(e.then, "op", "") == "exp"):
             e = e.then
         return orig(self, e, inside_dims)
 

@@ -159,6 +159,9 @@ def match(k: Kernel, mapping: str) -> ContractionPlan:
         if c not in implied:
             raise refuse(mapping, f"the tile sum's condition {c} is not implied by the operands' zero fill "
                          "(this mapping computes the unmasked product; the SIMT mapping prints the mask)")
+    for size, tile in ((m, bm), (n, bn), (kdim, bk)):  # a tile that can cross its bound is zero-filled
+        if size not in fixed or fixed[size] % tile:    # (values there are never used: validated)
+            guarded.add(size)
     lane_map = {ln.var: ln for ln in k.lanes}
     warps = {v: (ln.mapping.count or 1) if ln.mapping and ln.mapping.level == "warp" else 1 for v, ln in lane_map.items()}
     tiles = {g_m: (m, bm), g_n: (n, bn)}

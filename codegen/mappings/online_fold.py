@@ -170,8 +170,13 @@ def match(k: Kernel, mapping: str) -> tuple[AttentionPlan, FoldMask]:
     for cc in k.store.guard:
         if bound_cond(cc, (qt, bm), row) != seq_q:
             raise refuse(mapping, f"store condition {cc} is not the query tail bound {row} + {bm}*{qt} < {seq_q}")
-    guard_q = bool(k.store.guard) or bool(staged(q_stage.value)[0])
-    guard_kv = bool(staged(k_stage.value)[0]) or bool(v_guard)
+    fixed = k.fixed()
+
+    def crosses(size: str, tile: int) -> bool:  # a tile that can cross its bound is zero-filled
+        return size not in fixed or fixed[size] % tile != 0
+
+    guard_q = bool(k.store.guard) or bool(staged(q_stage.value)[0]) or crosses(seq_q, bm)
+    guard_kv = bool(staged(k_stage.value)[0]) or bool(v_guard) or crosses(seq_k, bn)
     lane_map = {ln.var: ln for ln in k.lanes}
     rl = lane_map[row]
     warps = (rl.mapping.count or 1) if rl.mapping and rl.mapping.level == "warp" else 1
