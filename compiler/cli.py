@@ -4,8 +4,10 @@
     derivc explain FILE [--seed N]                       print every step and its program
     derivc verify DIR | replay DIR --step N | run FILE --check | bench
 
-Exit codes: 0 ok, 1 internal error or command not available, 2 invalid input (SpecError),
-3 derivation failed (DerivationError: precondition, numeric check, codegen), 4 verify failed.
+Exit codes (README's table): 0 ok, 1 internal error or command not available here (verify
+without coqc, run / bench without a GPU), 2 invalid input (SpecError, StepInputError, an output
+directory derivc may not replace), 3 derivation failed (DerivationError: precondition, numeric
+check, codegen), 4 verify failed, 130 / 143 interrupted by SIGINT / SIGTERM.
 Every error is ONE line on stderr: `derivc: error: <file>: <where>: <reason>`.
 """
 from __future__ import annotations
@@ -228,8 +230,11 @@ def build_to(file: Path, outdir: Path, *, seed: int | None = None, codegen: bool
 
 
 def cmd_build(args: argparse.Namespace, out: Out) -> int:
-    d = build_to(Path(args.file), Path(args.output), seed=args.seed, codegen=not args.no_codegen,
-                 proofs=not args.no_proofs, verify=args.verify)
+    from .progress import progress_line
+
+    with progress_line(f"building {args.file}"):  # stderr, only on a terminal, after 1 s
+        d = build_to(Path(args.file), Path(args.output), seed=args.seed, codegen=not args.no_codegen,
+                     proofs=not args.no_proofs, verify=args.verify)
     spec = d.spec
     rows = [
         [str(s.index), s.rule, s.kind, s.theorem, f"{s.numeric['rel_error']:.1e}" if s.numeric else "-"]

@@ -207,23 +207,40 @@ def _bound_in(e: PExpr) -> list[str]:
 def _check_work(spec: SpecFile, prog: Program) -> None:
     """Refuse sizes at which the float64 numeric checks could not run (memory, hours).
 
-    Dynamic sizes without a check size are estimated from the schedule's largest tile (the
-    check sizes leave a partial last tile: about 1.5 tiles)."""
+    The sizes are estimated as choose_check_sizes picks them: check_sizes, then fixed sizes, then
+    1.5 tiles for a dynamic size a step tiles directly (an index of IR₀), 5 for the others."""
     from .ir import Fold, walk
 
-    tiles = [s.params().get("size") for s in spec.schedule]
-    tile = max([t for t in tiles if isinstance(t, int) and not isinstance(t, bool)] + [4])
-    sizes = {n: spec.check_sizes.get(n, v if v is not None else 2 * tile) for n, v in prog.sizes}
+    over: dict[tuple[str, str], str] = {}  # (definition, index of IR₀) → the size it ranges over
     for d in prog.defs:
-        points = 1
+        binders = [(lp.var, lp.ext) for lp in d.loops]
+        binders += [(x.var, x.ext) for x in walk(d.body) if isinstance(x, (Reduce, Softmax))]
+        for var, ext in binders:
+            if len(ext.names()) == 1:
+                over[(d.name, var)] = next(iter(ext.names()))
+    tiles: dict[str, int] = {}
+    for step in spec.schedule:
+        raw = step.params()
+        t, size = raw.get("size"), over.get((str(raw.get("def")), str(raw.get("index"))))
+        if step.rule == "tile" and size and isinstance(t, int) and not isinstance(t, bool):
+            tiles[size] = max(tiles.get(size, 1), t)
+    sizes = {n: spec.check_sizes.get(n, v if v is not None else (tiles[n] * 3 // 2 + 1 if n in tiles else 5))
+             for n, v in prog.sizes}
+
+    def points(d: Def) -> int:
+        n = 1
         for lp in d.loops:
-            points *= max(1, lp.ext.evaluate(sizes))
-        inner = [x.ext.evaluate(sizes) for x in walk(d.body) if isinstance(x, (Reduce, Softmax, Fold))]
-        points *= max(inner + [1])
-        if points > MAX_CHECK_POINTS:
+            n *= max(1, lp.ext.evaluate(sizes))
+        return n * max([x.ext.evaluate(sizes) for x in walk(d.body) if isinstance(x, (Reduce, Softmax, Fold))] + [1])
+
+    untiled = [n for n, v in prog.sizes if v is None and n not in tiles and n not in spec.check_sizes]
+    if untiled and max(points(d) for d in prog.defs) > 2_000_000:  # as choose_check_sizes shrinks them
+        sizes.update({n: 3 for n in untiled})
+    for d in prog.defs:
+        if points(d) > MAX_CHECK_POINTS:
             shown = ", ".join(f"{n}={v}" for n, v in sizes.items())
             field = "check_sizes" if spec.check_sizes else "sizes"
-            raise SpecError(field, f"the numeric checks would evaluate about {points:.3g} points of {d.name} at "
+            raise SpecError(field, f"the numeric checks would evaluate about {points(d):.3g} points of {d.name} at "
                                    f"{shown} (limit {MAX_CHECK_POINTS:.3g}); choose smaller check_sizes or fixed sizes")
 
 

@@ -409,3 +409,17 @@ def test_any_duplicate_key_is_named_with_its_line(keys, data):
     with pytest.raises(SpecError) as exc:
         parse_spec_text("\n".join(lines) + "\n", "f.yaml")
     assert exc.value.where == f"line {at + 1}" and f"duplicate key {dup!r}" in exc.value.reason
+
+
+@pytest.mark.parametrize("example", sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.yaml")),
+                         ids=lambda p: p.stem)
+def test_check_budget_accepts_every_example_without_check_sizes(example):
+    """The work limit refuses absurd sizes only: the examples pass it even with the sizes
+    derivc would choose itself."""
+    import yaml as _yaml
+
+    from compiler.lower_spec import lower_spec
+
+    doc = _yaml.safe_load(example.read_text())
+    doc.pop("check_sizes", None)
+    lower_spec(parse_spec_text(_yaml.safe_dump(doc, sort_keys=False)))
