@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from . import ir
+from . import ir, progress
 from .checksizes import choose_check_sizes
 from .errors import DerivationError, SpecError
 from .interp import random_inputs, rel_error, run_program
@@ -197,19 +197,20 @@ def _exc_text(exc: BaseException) -> str:
 # --------------------------------------------------------------------------- the driver
 
 
-def _prepass(ir0: Program, spec: SpecFile, n: int) -> tuple[list[Program], list[dict[str, Any]]]:
-    """Programs before each step, without numeric checks; stops quietly at the first failure."""
-    programs, raws = [ir0], []
+Applied = tuple[Rule, StepParams, dict[str, Any], Program]
+
+
+def _prepass(ir0: Program, spec: SpecFile, n: int) -> list[Applied]:
+    """Each step applied without numeric checks; stops quietly at the first failure."""
+    applied: list[Applied] = []
     prog = ir0
     for k, step in enumerate(spec.schedule[:n], start=1):
-        raw = step.params()
-        raws.append(raw)
         try:
-            _, _, _, prog = apply_step(prog, k, step.rule, raw)
+            applied.append(apply_step(prog, k, step.rule, step.params()))
         except Exception:  # noqa: BLE001 - reported by the real pass, at its step
             break
-        programs.append(prog)
-    return programs[: len(raws)], raws[: len(programs)]
+        prog = applied[-1][3]
+    return applied
 
 
 def derive(
@@ -227,8 +228,12 @@ def derive(
         raise exc.in_file(file) from None
     n = len(spec.schedule) if upto is None else max(0, min(upto, len(spec.schedule)))
     base = seed if seed is not None else secrets.randbits(31)
+    # The check sizes depend on the programs the steps apply to: apply them first, and reuse
+    # those applications below (a rewrite is a function of the program and the parameters).
+    applied = _prepass(ir0, spec, n) if check else []
     try:
-        sizes = choose_check_sizes(spec, ir0, *_prepass(ir0, spec, n)) if check else {}
+        sizes = choose_check_sizes(spec, ir0, [ir0] + [a[3] for a in applied],
+                                   [s.params() for s in spec.schedule[:n]]) if check else {}
     except SpecError as exc:
         raise exc.in_file(file) from None
     programs = [ir0]
@@ -236,9 +241,13 @@ def derive(
     prog = ir0
     for k, step in enumerate(spec.schedule[:n], start=1):
         raw = step.params()
-        rule, params, facts, new = apply_step(prog, k, step.rule, raw, file)
+        if k <= len(applied):
+            rule, params, facts, new = applied[k - 1]
+        else:
+            rule, params, facts, new = apply_step(prog, k, step.rule, raw, file)
         numeric = None
         if check:
+            progress.report(k - 1, n, f"step {k} ({rule.name})")
             step_seed = base + k
             try:
                 err = numeric_check(rule.name, ir0, new, sizes, step_seed)
@@ -270,6 +279,8 @@ def derive(
         )
         programs.append(new)
         prog = new
+    if check:
+        progress.report(n, n, "derived")
     return Derivation(
         spec=spec,
         file=file,
