@@ -4,15 +4,15 @@
 A call checks its arguments against the kernel IR's tensors (rank, dtype, contiguity, 16-byte
 alignment, fixed sizes), reads the dynamic sizes off the shapes, and launches.  Everything that
 depends only on the shapes — sizes, grid, the variant, the output shape, the size arguments —
-is computed once per shape and cached, so a repeated call costs an argument check and a launch;
-TMA tensor maps are encoded once per (pointers, shapes).  A call never synchronizes and never
-copies to the device after its first call for a shape and pointer set, so it can be captured
-in a CUDA graph after a warm-up call.
+is computed once per shape and cached, so a repeated call costs an argument check and one
+driver launch (codegen.launcher); TMA tensor maps are encoded once per (pointers, shapes).  A
+call never synchronizes and never copies to the device after its first call for a shape and
+pointer set, so it can be captured in a CUDA graph after a warm-up call.  Kernels load on the
+device current at construction; calls must pass tensors on that device.
 """
 from __future__ import annotations
 
-import os
-import tempfile
+import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -33,30 +33,6 @@ def compile_source(ks: KernelSource) -> bytes:
     return b""
 
 
-def load_module(ks: KernelSource, cubin: Optional[bytes]):
-    """(CuPy module, kernel function) from a cubin (or, when b"", CuPy's NVRTC), with the dynamic
-    shared-memory limit raised to what the kernel needs."""
-    import cupy  # lazy
-
-    cubin = cubin if cubin is not None else compile_source(ks)
-    if cubin:
-        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-            f.write(cubin)
-            path = f.name
-        try:
-            module = cupy.RawModule(path=path)
-            fn = module.get_function(ks.entry)
-        finally:
-            os.unlink(path)
-    else:
-        opts = tuple(o for o in ks.options if not (o.startswith("-arch") or o.startswith("--gpu-architecture")))
-        module = cupy.RawModule(code=ks.source, options=opts, backend="nvrtc")
-        fn = module.get_function(ks.entry)
-    if ks.smem_bytes > 48 * 1024:
-        fn.max_dynamic_shared_size_bytes = ks.smem_bytes
-    return module, fn
-
-
 @dataclass(frozen=True)
 class _Shape:
     """What one input shape fixes: sizes, output shape, grid, size arguments."""
@@ -64,7 +40,7 @@ class _Shape:
     sizes: dict[str, int]
     out_shape: tuple[int, ...]
     grids: tuple[tuple[int, int, int], ...]  # per variant
-    size_args: tuple[Any, ...]
+    size_args: tuple[int, ...]
     empty: bool
 
 
@@ -72,10 +48,20 @@ class CompiledKernel:
     """A printed kernel, loaded and callable: out = kernel(*inputs)."""
 
     def __init__(self, printed: Printed, cubins: Optional[dict[str, bytes]] = None):
+        from .launcher import DriverKernel
+
         self.printed = printed
         self.kernel = printed.kernel
+        self.device = _current_device()  # also makes its primary context current: modules load there
         cubins = cubins or {}
-        self._fns = [load_module(v.source, cubins.get(v.stem))[1] for v in printed.variants]
+        self._fns = []
+        for v in printed.variants:
+            cubin = cubins.get(v.stem) or compile_source(v.source)
+            if not cubin:
+                raise RuntimeError(f"{v.stem}: no cubin and no NVRTC to compile {v.source.entry}")
+            kinds = "p" * len(v.launch.tensor_args) + "i" * len(v.launch.size_args) + "p" * len(v.launch.extras)
+            self._fns.append(DriverKernel(cubin, v.source.entry, v.launch.smem_bytes, kinds))
+        self._torch_dtypes: dict[str, Any] = {}
         self._ins = self.kernel.inputs
         self._out = self.kernel.output
         self._host = mapping_named(printed.mapping).host
@@ -95,8 +81,6 @@ class CompiledKernel:
         return got
 
     def _geometry(self, shapes: tuple[tuple[int, ...], ...]) -> _Shape:
-        import numpy as np
-
         fixed = self.kernel.fixed()
         sizes: dict[str, int] = dict(fixed)
         for t, shape in zip(self._ins, shapes):
@@ -119,6 +103,11 @@ class CompiledKernel:
             if tuple(shape) != want:
                 raise ValueError(f"{t.name}: shape {tuple(shape)}, expected {want}")
         out_shape = tuple(a.evaluate(sizes) for a in self._out.dims)
+        if self.printed.mapping != "simt":  # the tensor-core templates index tiles with 32-bit ints
+            for t, shape in list(zip(self._ins, shapes)) + [(self._out, out_shape)]:
+                if math.prod(shape) >= 2**31:
+                    raise ValueError(f"{t.name} has {math.prod(shape)} elements >= 2^31: the {self.printed.mapping} "
+                                     "kernel indexes with 32-bit offsets; split the call (the SIMT mapping uses 64-bit)")
         grids = []
         for v in self.printed.variants:
             grid = [1, 1, 1]
@@ -128,25 +117,27 @@ class CompiledKernel:
                 if n > lim:
                     raise ValueError(f"grid axis {'xyz'[i]} needs {n} blocks > the device limit {lim}")
             grids.append(tuple(grid))
-        size_args = tuple(np.int32(sizes[n]) for n in self.kernel.dynamic())
+        size_args = tuple(sizes[n] for n in self.kernel.dynamic())
         return _Shape(sizes, out_shape, tuple(grids), size_args, any(n == 0 for n in out_shape))
 
     # -- arguments ------------------------------------------------------------------------
-    @staticmethod
-    def _view(x: Any, t) -> tuple[int, tuple[int, ...], str, int]:
-        mod = type(x).__module__.split(".")[0]
-        dt = DTYPES[t.dtype]
-        if mod == "torch":
-            import torch
-            if not x.is_cuda:
-                raise ValueError(f"{t.name}: torch tensor must be on a CUDA device")
-            if x.dtype != getattr(torch, dt.torch):
+    def _view(self, x: Any, t) -> tuple[int, tuple[int, ...], str, int]:
+        if hasattr(x, "data_ptr"):  # a torch tensor: the checks a call needs, nothing more
+            want = self._torch_dtypes.get(t.dtype)
+            if want is None:
+                import torch
+                want = self._torch_dtypes[t.dtype] = getattr(torch, DTYPES[t.dtype].torch)
+            if x.dtype is not want:
                 raise ValueError(f"{t.name}: dtype {x.dtype}, kernel expects {t.dtype}")
             if not x.is_contiguous():
                 raise ValueError(f"{t.name}: must be contiguous (row-major)")
+            dev = x.get_device()
+            if dev < 0:
+                raise ValueError(f"{t.name}: torch tensor must be on a CUDA device")
             ptr = x.data_ptr()
-            view = (ptr, tuple(x.shape), "torch", x.device.index)
-        elif mod == "cupy":
+            view = (ptr, x.shape, "torch", dev)
+        elif type(x).__module__.split(".")[0] == "cupy":
+            dt = DTYPES[t.dtype]
             if dt.numpy is None:
                 raise ValueError(f"{t.name}: dtype {t.dtype} needs a torch tensor (CuPy has no {t.dtype})")
             if x.dtype.name != dt.numpy:
@@ -161,22 +152,13 @@ class CompiledKernel:
             raise ValueError(f"{t.name}: data pointer must be {_ALIGN}-byte aligned")
         return view
 
-    def _stream(self, kind: str, dev: int):
-        import cupy
-
+    @staticmethod
+    def _stream(kind: str, dev: int) -> int:
         if kind == "torch":
             import torch
-
-            ts = torch.cuda.current_stream(dev)
-            key = (dev, ts.cuda_stream)
-            st = self._streams.get(key)
-            if st is None:
-                import warnings
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", DeprecationWarning)
-                    st = self._streams[key] = cupy.cuda.ExternalStream(ts.cuda_stream, dev)
-            return st
-        return cupy.cuda.get_current_stream()
+            return torch._C._cuda_getCurrentRawStream(dev)
+        import cupy
+        return cupy.cuda.get_current_stream().ptr
 
     def _tensor_maps(self, dev: int, key: tuple, encode) -> Any:
         import cupy
@@ -188,11 +170,9 @@ class CompiledKernel:
                 self._maps.clear()
             with cupy.cuda.Device(dev):
                 got = self._maps[key] = cupy.asarray(np.frombuffer(encode(), dtype=np.uint8))
-        return np.uint64(got.data.ptr)
+        return int(got.data.ptr)
 
     def __call__(self, *xs: Any, out: Any = None) -> Any:
-        import numpy as np
-
         if len(xs) != len(self._ins):
             raise ValueError(f"expected {len(self._ins)} inputs ({', '.join(t.name for t in self._ins)}), got {len(xs)}")
         views = [self._view(x, t) for x, t in zip(xs, self._ins)]
@@ -200,37 +180,30 @@ class CompiledKernel:
         for v in views[1:]:
             if v[2] != kind or v[3] != dev:
                 raise ValueError("inputs must all be CuPy arrays or all torch tensors, on one device")
-        geo = self._shape(tuple(v[1] for v in views))
+        if dev != self.device:
+            raise ValueError(f"inputs are on device {dev}, the kernel was loaded on device {self.device}")
+        shapes = tuple(tuple(v[1]) for v in views)
+        geo = self._shapes.get(shapes) or self._shape(shapes)
         if out is None:
             out = self._empty(kind, dev, geo.out_shape)
         ov = self._view(out, self._out)
-        if ov[1] != geo.out_shape:
-            raise ValueError(f"{self._out.name}: shape {ov[1]}, expected {geo.out_shape}")
+        if tuple(ov[1]) != geo.out_shape:
+            raise ValueError(f"{self._out.name}: shape {tuple(ov[1])}, expected {geo.out_shape}")
         if geo.empty:
             return out
         ptrs = tuple(v[0] for v in views)
         index, extra = 0, None
         if self._host is not None:
-            key = (ptrs, tuple(v[1] for v in views), dev)
-            cached = self._maps.get(("choice",) + key)
+            key = ("choice", ptrs, shapes, dev)
+            cached = self._maps.get(key)
             if cached is None:
                 index, raw = self._host(self.printed, geo.sizes, ptrs)
-                cached = (index, self._tensor_maps(dev, key, lambda: raw) if raw is not None else None)
-                self._maps[("choice",) + key] = cached
+                cached = (index, self._tensor_maps(dev, key[1:], lambda: raw) if raw is not None else None)
+                self._maps[key] = cached
             index, extra = cached
         launch = self.printed.variants[index].launch
-        args = tuple(np.uint64(p) for p in ptrs) + (np.uint64(ov[0]),) + geo.size_args
-        if extra is not None:
-            args = args + (extra,)
-        import cupy
-
-        stream = self._stream(kind, dev)
-        if cupy.cuda.runtime.getDevice() != dev:
-            with cupy.cuda.Device(dev), stream:
-                self._fns[index](geo.grids[index], (launch.threads, 1, 1), args, shared_mem=launch.smem_bytes)
-        else:
-            with stream:
-                self._fns[index](geo.grids[index], (launch.threads, 1, 1), args, shared_mem=launch.smem_bytes)
+        values = ptrs + (ov[0],) + geo.size_args + ((extra,) if extra is not None else ())
+        self._fns[index].launch(geo.grids[index], launch.threads, launch.smem_bytes, self._stream(kind, dev), values)
         return out
 
     def _empty(self, kind: str, dev: int, shape: tuple[int, ...]) -> Any:
@@ -241,3 +214,16 @@ class CompiledKernel:
         import cupy
         with cupy.cuda.Device(dev):
             return cupy.empty(shape, dtype=dt.numpy)
+
+
+def _current_device() -> int:
+    try:
+        import torch
+        if torch.cuda.is_available():
+            torch.zeros(1, device="cuda")  # creates the device's primary context if nothing has yet
+            return torch.cuda.current_device()
+    except ImportError:
+        pass
+    import cupy
+    cupy.cuda.runtime.free(0)  # initialise the runtime's primary context on this thread
+    return cupy.cuda.runtime.getDevice()
