@@ -32,122 +32,18 @@ from __future__ import annotations
 
 import json
 import traceback
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .ir import (
-    Aff, Bin, Def, Expr, Fold, Let, Program, Read, Reduce, Select, Softmax, Un, children,
+from .ir import Aff, Bin, Def, Expr, Fold, Program, Read, Reduce, Select, Softmax, Un
+from .obligations_base import (
+    Obligation, Thm, _at_path, _binders, _c, _def_hyps, _def_pair, _eq_thm, _exporter,
+    _failed_text, _find_path, _lam_of, _ob, _path_hyps, _thm_name, coq_text, lean_text,
 )
-from .obligations_terms import (
-    A, ExportError, Exporter, Lam, N, Term, V, conj, render,
-)
+from .obligations_frame import others_thm, site_frame, store_frame
+from .obligations_terms import A, ExportError, Exporter, Lam, N, Term, V, conj
 
-COQ_HEADER = """From Coq Require Import Arith Lia Bool Ring.
-Require Import Derivc.All.
-"""
-
-
-@dataclass
-class Thm:
-    name: str
-    binders: list[tuple[str, Any]]  # (name, 'nat' | arity)
-    hyps: list[Term]
-    concl: Term
-    proof: str
-    lean_proof: str = "by\n  intros\n  derivc_congr"
-
-
-@dataclass
-class Obligation:
-    step: int
-    rule: str
-    kind: str
-    theorem: str
-    thms: list[Thm] = field(default_factory=list)
-    status: str = "full"  # full | partial | not generated
-    checked: str = ""
-    unchecked: str = ""
-    before: str = ""
-    after: str = ""
-    notes: list[str] = field(default_factory=list)
-    consts: dict[str, str] = field(default_factory=dict)
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def _find_path(e: Expr, target: Expr) -> list[int] | None:
-    if e is target:
-        return []
-    for k, c in enumerate(children(e)):
-        p = _find_path(c, target)
-        if p is not None:
-            return [k] + p
-    return None
-
-
-def _at_path(e: Expr, path: list[int]) -> Expr:
-    for k in path:
-        e = children(e)[k]
-    return e
-
-
-def _path_hyps(ex: Exporter, root: Expr, path: list[int]) -> list[Term]:
-    """Bounds of the binders enclosing the node at `path`, and enclosing select conditions."""
-    hyps: list[Term] = []
-    e = root
-    for k in path:
-        if isinstance(e, (Reduce, Softmax)):
-            hyps.append(("lt", ex.idx_var(e.var, {}), ex.ext(e.ext, {})))
-        elif isinstance(e, Select) and k == 0:
-            hyps += [ex.cond_prop(c, {}) for c in e.conds]
-        elif isinstance(e, Let) and k == 0:
-            hyps += [("lt", ex.idx_var(v, {}), ex.ext(x, {})) for v, x in e.bind.dims]
-        elif isinstance(e, Fold):
-            ns = len(e.state)
-            nb = len(e.binds)
-            if ns <= k < ns + nb + ns:
-                hyps.append(("lt", ex.idx_var(e.var, {}), ex.ext(e.ext, {})))
-            if ns <= k < ns + nb:
-                hyps += [("lt", ex.idx_var(v, {}), ex.ext(x, {})) for v, x in e.binds[k - ns].dims]
-        e = children(e)[k]
-    return hyps
-
-
-def _def_hyps(ex: Exporter, d: Def, env: dict | None = None) -> list[Term]:
-    env = env or {}
-    hyps = [("lt", ex.idx_var(lp.var, env), ex.ext(lp.ext, env)) for lp in d.loops]
-    hyps += [ex.cond_prop(c, env) for c in d.guard]
-    return hyps
-
-
-def _binders(ex: Exporter, exclude: set[str] = frozenset()) -> list[tuple[str, Any]]:
-    out: list[tuple[str, Any]] = [(n, "nat") for n in ex.nat_vars if n not in exclude]
-    out += [(n, a) for n, a in sorted(ex.tensors.items())]
-    out += [(n, a) for n, a in sorted(ex.bufs.items())]
-    out += [(n, 0) for n in ex.consts]
-    return out
-
-
-def _def_pair(before: Program, after: Program, name: str) -> tuple[Def, Def]:
-    return before.def_named(name), after.def_named(name)
-
-
-def _exporter(before: Program, after: Program, inline: dict[str, Def] | None = None) -> Exporter:
-    ex = Exporter(after, inline=dict(inline or {}))
-    ex.extra_tensors = {n for n, _ in before.inputs} | {d.name for d in before.defs}
-    return ex
-
-
-def _lam_of(t: Term) -> Term:
-    """The function argument of sumTo/maxTo n f."""
-    assert t[0] == "app" and t[1] in ("sumTo", "maxTo"), t
-    return t[2][1]
-
-
-def _c(t: Term) -> str:
-    return render(t, "coq")
+__all__ = ["Obligation", "Thm", "coq_text", "lean_text", "obligation_for", "write_obligations"]
 
 
 # --------------------------------------------------------------------------- site obligations
@@ -155,7 +51,9 @@ def _c(t: Term) -> str:
 
 def _site(rec, before: Program, after: Program, def_name: str, site: Expr,
           inline_before: dict[str, Def] | None = None) -> tuple[Exporter, Term, Term, list[Term]]:
-    """(exporter, before term, after term, hypotheses) for a rewrite of `site` in `def_name`."""
+    """(exporter, before term, after term, hypotheses) for a rewrite of `site` in `def_name`.
+    The exporter carries the step's frame theorem (obligations_frame.site_frame), added to the obligation by
+    `_finish`."""
     bd, ad = _def_pair(before, after, def_name)
     path = _find_path(bd.body, site)
     if path is None:
@@ -165,19 +63,8 @@ def _site(rec, before: Program, after: Program, def_name: str, site: Expr,
     b = ex.expr(site, {})
     a_node = _at_path(ad.body, path)
     a = ex.expr(a_node, {})
+    ex.frame = site_frame(rec, before, after, def_name, site, path)
     return ex, b, a, hyps
-
-
-def _eq_thm(name: str, ex: Exporter, b: Term, a: Term, hyps: list[Term], proof: str) -> Thm:
-    return Thm(name, _binders(ex), hyps, ("eq", b, a), proof)
-
-
-def _ob(rec, theorem: str, **kw) -> Obligation:
-    return Obligation(rec.index, rec.rule, rec.kind, theorem, **kw)
-
-
-def _thm_name(rec, suffix: str = "") -> str:
-    return f"step{rec.index:02d}_{rec.kind.replace('-', '_')}{suffix}"
 
 
 # --------------------------------------------------------------------------- rules
@@ -360,6 +247,7 @@ def ob_fuse(rec, before: Program, after: Program) -> Obligation:
         ob.thms.append(_eq_thm(_thm_name(rec, f"_{name}" if len(f["into"]) > 1 else ""), ex, b, a, hyps,
                                "intros.\n  derivc_congr."))
         ob.before, ob.after = ob.before + _c(b), ob.after + _c(a)
+        ob.thms.append(store_frame(rec, before, after, name, f"_frame_{name}" if len(f["into"]) > 1 else "_frame"))
         exs.append(ex)
     return _finish(ob, *exs)
 
@@ -369,8 +257,8 @@ def ob_unfuse(rec, before: Program, after: Program) -> Obligation:
     new = after.def_named(p.name)
     ex, b, a, hyps = _site(rec, before, after, p.def_, f["site"])
     ex2 = _exporter(before, after, {new.name: new})
-    ex2.nat_vars, ex2.tensors, ex2.bufs, ex2.consts, ex2._const_keys = (
-        ex.nat_vars, ex.tensors, ex.bufs, ex.consts, ex._const_keys)
+    ex2.nat_vars, ex2.tensors, ex2.bufs, ex2.consts, ex2._const_keys, ex2.result_ty = (
+        ex.nat_vars, ex.tensors, ex.bufs, ex.consts, ex._const_keys, ex.result_ty)
     bd, ad = _def_pair(before, after, p.def_)
     a = ex2.expr(_at_path(ad.body, _find_path(bd.body, f["site"])), {})
     ob = _ob(rec, "gen_inline", checked=f"the reduction equals the read of the new definition {new.name} (genAt)")
@@ -414,21 +302,21 @@ def ob_assoc(rec, before: Program, after: Program) -> Obligation:
 def ob_split_softmax(rec, before: Program, after: Program) -> Obligation:
     p, f = rec.parsed, rec.raw_facts
     site: Softmax = f["site"]
-    l_def = after.def_named(f["sum"])
-    ex, b, a, hyps = _site(rec, before, after, p.def_, site, {l_def.name: l_def})
-    before.def_named(p.def_)
+    l_def, m_def = after.def_named(f["sum"]), after.def_named(f["max"])
+    ex, b, a, hyps = _site(rec, before, after, p.def_, site, {l_def.name: l_def, m_def.name: m_def})
     row = tuple(Aff.of(v) for v in f["row_loops"])
     m_read = ex.expr(Read(f["max"], row), {})
     if site.mask:
         lemma = f"softmaxAtG_shift _ _ _ _ ({_c(m_read)})"
     else:
         lemma = f"softmaxAt_shift _ _ _ ({_c(m_read)})"
-    proof = f"intros.\n  etransitivity.\n  {{ apply ({lemma}). }}\n  derivc_congr."
+    # the shift is the row max: -inf only where every key is masked (derivc_valid)
+    proof = (f"intros.\n  etransitivity.\n  {{ apply ({lemma}); [ lia | intros k_ Hk_; derivc_valid k_ ]. }}\n"
+             "  derivc_congr.")
     ob = _ob(rec, "softmax_split", checked=(
         f"one element of the {'masked ' if site.mask else ''}softmax equals exp(s - {f['max']}) / "
-        f"{f['sum']} with {f['sum']} inlined from its new definition; {f['max']} is an arbitrary "
-        "tensor (the identity holds for any shift), so its definition is not needed"))
-    ob.unchecked = f"{f['max']}'s definition (any shift is exact)"
+        f"{f['sum']} with {f['sum']} and {f['max']} inlined from their new definitions; any shift is "
+        f"exact as long as it is defined: {f['max']} is -inf only where every key is masked"))
     ob.thms.append(_eq_thm(_thm_name(rec), ex, b, a, hyps, proof))
     ob.before, ob.after = _c(b), _c(a)
     return _finish(ob, ex)
@@ -438,7 +326,13 @@ def ob_online_agg(rec, before: Program, after: Program) -> Obligation:
     p, f = rec.parsed, rec.raw_facts
     bd, ad = _def_pair(before, after, p.def_)
     l_def = before.def_named(f["denominator"])
-    ex = _exporter(before, after, {l_def.name: l_def})
+    num0 = bd.body.a.body.body
+    num0 = num0.then if isinstance(num0, Select) else num0
+    m_name = num0.a.a.b.tensor if isinstance(num0, Bin) and isinstance(num0.a, Un) else None
+    inline = {l_def.name: l_def}
+    if m_name is not None and m_name in {d.name for d in before.defs}:
+        inline[m_name] = before.def_named(m_name)
+    ex = _exporter(before, after, inline)
     hyps = _def_hyps(ex, bd)
     b = ex.expr(bd.body, {})
     a = ex.expr(ad.body, {})
@@ -464,6 +358,7 @@ def ob_online_agg(rec, before: Program, after: Program) -> Obligation:
         raise ExportError("the after body is not a fold with state (m, l, acc)")
     # mnext: the IR's own running max, as a function of (tile, old max)
     env = {fold.var: ("idx", V("i_" + fold.var)), fold.state[0]: ("buf", "v_" + fold.state[0])}
+    ex.vty["v_" + fold.state[0]] = "X"
     lets = []
     mval = None
     for bnd in fold.binds:
@@ -479,8 +374,13 @@ def ob_online_agg(rec, before: Program, after: Program) -> Obligation:
     mnext = Lam(["i_" + fold.var, "v_" + fold.state[0]], mval)
     ex.nat_vars.pop("i_" + fold.var, None)
     fo = f"onlineFoldG ({_c(G)}) ({_c(S)}) ({_c(Vf)}) {_c(T)} ({_c(mnext)}) ninf ({_c(E)})"
-    proof = (f"intros.\n  transitivity (div (st_acc ({fo})) (st_l ({fo}))).\n"
-             f"  - rewrite (online_agg_guard ({_c(G)}) ({_c(S)}) ({_c(Vf)}) {_c(T)} ({_c(mnext)}) ninf ({_c(M)}) ({_c(E)})).\n"
+    # the running max is defined (finite once a live key was seen) and so is the shift M
+    proof = (f"intros.\n"
+             f"  assert (Hmn_ : online_max_ok ({_c(G)}) {_c(T)} ({_c(mnext)}) ({_c(E)})) by derivc_mnext.\n"
+             f"  assert (HM_ : forall j_, j_ < ({_c(E)}) * {_c(T)} -> {_c(M)} = NInf -> ({_c(G)}) j_ = false)"
+             f" by (intros j_ Hj_; derivc_valid j_).\n"
+             f"  transitivity (div (st_acc ({fo})) (st_l ({fo}))).\n"
+             f"  - rewrite (proj1 (online_agg_guard ({_c(G)}) ({_c(S)}) ({_c(Vf)}) {_c(T)} ({_c(mnext)}) ninf ({_c(M)}) ({_c(E)}) Hmn_ HM_)).\n"
              f"    rewrite !(sumTo_tile ({_c(E)}) {_c(T)}).\n"
              f"    derivc_congr.\n"
              f"  - rewrite onlineFoldG_foldN.\n"
@@ -488,8 +388,11 @@ def ob_online_agg(rec, before: Program, after: Program) -> Obligation:
     ob = _ob(rec, "online_agg_guard", checked=(
         f"the quotient of the tiled numerator and {l_def.name} (inlined) equals the IR's fold: "
         "its step is matched, field by field, against onlineStepW of onlineFoldG (masked weights "
-        "exp(s - m'), rescale of l and acc by exp(m - m'), running max = the IR's own m_new)"))
+        "exp(s - m'), rescale of l and acc by rescale(m, m'), running max = the IR's own m_new, "
+        "which is shown to be -inf only while every key so far is masked; the shift M (inlined) "
+        "is -inf only when every key is masked; a fully masked row gives 0)"))
     ob.thms.append(_eq_thm(_thm_name(rec), ex, b, a, hyps, proof))
+    ob.thms.append(store_frame(rec, before, after, p.def_))
     ob.before, ob.after = _c(b), _c(a)
     return _finish(ob, ex)
 
@@ -549,6 +452,9 @@ GENERATORS = {
 
 def _finish(ob: Obligation, *exs: Exporter) -> Obligation:
     for ex in exs:
+        frame = getattr(ex, "frame", None)
+        if frame is not None and frame not in ob.thms:
+            ob.thms.append(frame)
         ob.notes += [n for n in ex.notes if n not in ob.notes]
         ob.consts.update(ex.consts)
     if ob.notes and ob.status == "full":
@@ -564,53 +470,17 @@ def obligation_for(rec, before: Program, after: Program) -> Obligation:
         gen = GENERATORS.get(rec.kind)
     if gen is None:
         raise ExportError(f"no obligation generator for {rec.kind}")
-    return gen(rec, before, after)
+    ob = gen(rec, before, after)
+    changed = {getattr(rec.parsed, "def_", None)} | set(rec.raw_facts.get("into", ()))
+    if rec.kind == "FUSE" and rec.rule == "unfuse":
+        changed.add(rec.parsed.name)
+    others = others_thm(rec, before, after, changed)
+    if others is not None:
+        ob.thms.append(others)
+    return ob
 
 
 # --------------------------------------------------------------------------- files
-
-
-def _statement(t: Thm, lang: str) -> str:
-    body = ("imp", t.hyps, t.concl) if t.hyps else t.concl
-    return render(("forall", t.binders, body), lang)
-
-
-def coq_text(ob: Obligation) -> str:
-    sec = f"Step{ob.step:02d}"
-    out = [f"(* derivc obligation: step {ob.step}, rule {ob.rule} ({ob.kind}), theorem {ob.theorem}.",
-           f"   status: {ob.status}",
-           f"   checked: {ob.checked}"]
-    if ob.unchecked:
-        out.append(f"   NOT checked: {ob.unchecked}")
-    if ob.consts:
-        out.append("   constants: " + ", ".join(f"{k} = {v}" for k, v in ob.consts.items()))
-    out.append("   before/after terms are exported from IR_{k-1} / IR_k; see index.json. *)")
-    out.append(COQ_HEADER)
-    out.append(f"Section {sec}.\nContext {{R : Type}} {{KA : KAlg R}}.\n"
-               f"Add Ring derivc_ring : (@kalg_ring R KA).\n")
-    for t in ob.thms:
-        out.append(f"Theorem {t.name} :\n  {_statement(t, 'coq')}.\nProof.\n  {t.proof}\nQed.\n")
-    out.append(f"End {sec}.\n")
-    return "\n".join(out)
-
-
-def lean_text(ob: Obligation) -> str:
-    out = [f"/- derivc obligation: step {ob.step}, rule {ob.rule} ({ob.kind}), theorem {ob.theorem}.",
-           f"   status: {ob.status} (Coq); the Lean statement mirrors StepNN.v and has NOT been",
-           "   checked in this environment (no Lean toolchain).",
-           f"   checked (Coq): {ob.checked} -/",
-           "import Derivc", "", "namespace Derivc", "open Derivc", "",
-           "variable {R : Type} [KAlg R]", ""]
-    for t in ob.thms:
-        out.append(f"theorem {t.name} :\n    {_statement(t, 'lean')} := {t.lean_proof}\n")
-    out.append("end Derivc\n")
-    return "\n".join(out)
-
-
-def _failed_text(step: int, rule: str, reason: str) -> str:
-    return (f"(* derivc obligation for step {step} ({rule}) could NOT be generated:\n   "
-            f"{reason.replace('*)', '* )')}\n   This file fails coqc on purpose. *)\n"
-            "Fail_obligation_not_generated.\n")
 
 
 def write_obligations(derivation: Any, outdir: Path) -> list[Path]:

@@ -22,6 +22,7 @@ from typing import Any
 from .ir import (
     Aff, Bin, Cond, Const, Def, Expr, Ext, Fold, Let, Program, Read, Reduce, Select, Softmax, Un,
 )
+from .obligations_types import EXT, FIN, join, program_types
 
 Term = tuple
 
@@ -55,8 +56,8 @@ def conj(ps: list[Term]) -> Term:
 
 _COQ_HEADS = {"ltb": "Nat.ltb", "leb": "Nat.leb", "min": "Nat.min"}
 _LEAN_HEADS = {
-    "zero": "KAlg.zero", "one": "KAlg.one", "ninf": "KAlg.ninf", "add": "KAlg.add",
-    "mul": "KAlg.mul", "max": "KAlg.max", "exp": "KAlg.exp", "neg": "KAlg.neg", "inv": "KAlg.inv",
+    "zero": "KAlg.zero", "one": "KAlg.one", "ninf": "Ext.ninf", "Fin": "Ext.fin", "add": "KAlg.add",
+    "mul": "KAlg.mul", "max": "emax", "exp": "KAlg.exp", "neg": "KAlg.neg", "inv": "KAlg.inv",
     "ltb": "Nat.blt", "leb": "Nat.ble", "andb": "and", "min": "Nat.min", "pair": "Prod.mk",
     "fst": "Prod.fst", "snd": "Prod.snd", "mkOState": "OState.mk", "st_m": "OState.st_m",
     "st_l": "OState.st_l", "st_acc": "OState.st_acc",
@@ -122,12 +123,15 @@ def _nat_arg(a: Term, lang: str) -> str:
     return s if _atomic(a) or (a[0] == "nop" and a[1] == "*" and a[2][0] == "num") else f"({s})"
 
 
-def coq_type(arity: int | str, lang: str = "coq") -> str:
+def coq_type(arity: int | str | tuple[int, str], lang: str = "coq") -> str:
+    """nat, or a tensor type nat -> … -> R (arity k), or (k, 'X'): … -> ext R."""
     if arity == "nat":
         return "nat" if lang == "coq" else "Nat"
     arrow = " -> " if lang == "coq" else " → "
     nat = "nat" if lang == "coq" else "Nat"
-    return arrow.join([nat] * int(arity) + ["R"])
+    k, ty = arity if isinstance(arity, tuple) else (arity, FIN)
+    val = "R" if ty == FIN else ("ext R" if lang == "coq" else "Ext R")
+    return arrow.join([nat] * int(k) + [val])
 
 
 # --------------------------------------------------------------------------- names
@@ -157,11 +161,19 @@ class Exporter:
     _const_keys: dict[Any, str] = field(default_factory=dict)
     _fresh: int = 0
     extra_tensors: set[str] = field(default_factory=set)
+    other: Program | None = None  # the program before the step (for the types of its names)
+    result_ty: dict[str, str] = field(default_factory=dict)  # t_/b_/v_ name -> R | X
+    vty: dict[str, str] = field(default_factory=dict)  # bound buffer / state name -> R | X
 
     def __post_init__(self) -> None:
         self.fixed = {n: v for n, v in self.prog.sizes if v is not None}
         self.size_names = {n for n, _ in self.prog.sizes}
         self.tensor_names = {n for n, _ in self.prog.inputs} | {d.name for d in self.prog.defs}
+        self.types = program_types(self.prog, *([self.other] if self.other is not None else []))
+
+    def arity_type(self, name: str, arity: int) -> int | tuple[int, str]:
+        """The binder type of a quantified t_/b_/v_ name."""
+        return (arity, EXT) if self.result_ty.get(name) == EXT else arity
 
     def fresh(self, base: str) -> str:
         self._fresh += 1
@@ -277,11 +289,21 @@ class Exporter:
         if r.tensor in self.tensor_names or r.tensor in self.extra_tensors:
             name = "t_" + san(r.tensor)
             self.tensors[name] = len(idx)
+            self.result_ty[name] = self.types.get(r.tensor, FIN)
             return A(name, *idx) if idx else V(name)
         # a buffer or state bound outside the exported site: arbitrary
         name = ("b_" if idx else "v_") + san(r.tensor)
         self.bufs[name] = len(idx)
+        self.result_ty[name] = self.types.get(r.tensor, FIN)
         return A(name, *idx) if idx else V(name)
+
+    def read_type(self, r: Read, env: dict) -> str:
+        ent = env.get(r.tensor)
+        if ent is not None and ent[0] == "buf":
+            return self.vty.get(ent[1], self.types.get(r.tensor, FIN))
+        if ent is not None and ent[0] == "term":
+            return ent[2] if len(ent) > 2 else FIN
+        return self.types.get(r.tensor, FIN)
 
     def gen_read(self, d: Def, idx: list[Term]) -> Term:
         """A read of a generated tensor: genAt E0 (fun p0 => genAt E1 (fun p1 => body) i1) i0."""
@@ -289,10 +311,12 @@ class Exporter:
             raise ExportError(f"{d.name} has a tiled/guarded loop nest; its reads cannot be inlined")
         names = [self.fresh("p_" + san(lp.var) + "_") for lp in d.loops]
         env = {lp.var: ("idx", V(n)) for lp, n in zip(d.loops, names)}
-        out = self.expr(d.body, env)
+        ty = self.types.get(d.name, FIN)
+        out = self.lift(*self.texpr(d.body, env), ty)
+        gen = "genAtX" if ty == EXT else "genAt"
         for k in reversed(range(len(d.loops))):
             outer_env = {lp.var: ("idx", V(n)) for lp, n in zip(d.loops[:k], names[:k])}
-            out = A("genAt", self.ext(d.loops[k].ext, outer_env), Lam([names[k]], out), idx[k])
+            out = A(gen, self.ext(d.loops[k].ext, outer_env), Lam([names[k]], out), idx[k])
         return out
 
     def bind_var(self, var: str, env: dict, prefix: str = "i_") -> tuple[str, dict]:
@@ -301,57 +325,90 @@ class Exporter:
         env2[var] = ("idx", V(name))
         return name, env2
 
+    @staticmethod
+    def lift(t: Term, ty: str, want: str) -> Term:
+        """t of type ty as a value of type want (R -> ext R by Fin; never ext R -> R)."""
+        if ty == want:
+            return t
+        if want == EXT:
+            return A("Fin", t)
+        raise ExportError("ring arithmetic on a value that may be -inf (a max, -inf or a masked score)")
+
     def expr(self, e: Expr, env: dict) -> Term:
+        return self.texpr(e, env)[0]
+
+    def _fin(self, e: Expr, env: dict) -> Term:
+        return self.lift(*self.texpr(e, env), FIN)
+
+    def texpr(self, e: Expr, env: dict) -> tuple[Term, str]:
+        """(term, type): type R (finite) or X (extended, -inf possible)."""
         if isinstance(e, Const):
-            return self.const(e)
+            return self.const(e), (EXT if math.isinf(e.value) and e.value < 0 else FIN)
         if isinstance(e, Read):
-            return self.read(e, env)
+            return self.read(e, env), self.read_type(e, env)
         if isinstance(e, Bin):
-            a, b = self.expr(e.a, env), self.expr(e.b, env)
+            (a, ta), (b, tb) = self.texpr(e.a, env), self.texpr(e.b, env)
+            if e.op == "max":
+                return A("max", self.lift(a, ta, EXT), self.lift(b, tb, EXT)), EXT
             if e.op == "rescale":
-                return A("exp", A("sub", a, b))
-            op = {"+": "add", "-": "sub", "*": "mul", "/": "div", "max": "max"}.get(e.op)
+                if ta == tb == FIN:
+                    return A("exp", A("sub", a, b)), FIN
+                return A("rescale", self.lift(a, ta, EXT), self.lift(b, tb, EXT)), FIN
+            op = {"+": "add", "-": "sub", "*": "mul", "/": "div"}.get(e.op)
             if op is None:
                 raise ExportError(f"binary operator {e.op}")
-            return A(op, a, b)
+            return A(op, self.lift(a, ta, FIN), self.lift(b, tb, FIN)), FIN
         if isinstance(e, Un):
-            if e.op not in ("exp", "neg"):
-                raise ExportError(f"unary operator {e.op}")
-            return A(e.op, self.expr(e.a, env))
+            if e.op == "exp" and isinstance(e.a, Bin) and e.a.op == "-":
+                (a, ta), (b, tb) = self.texpr(e.a.a, env), self.texpr(e.a.b, env)
+                if EXT in (ta, tb):  # exp (a - b) with -inf possible: expd, no ring subtraction
+                    return A("expd", self.lift(a, ta, EXT), self.lift(b, tb, EXT)), FIN
+                return A("exp", A("sub", a, b)), FIN
+            if e.op == "exp":
+                x, tx = self.texpr(e.a, env)
+                return (A("eexp", x) if tx == EXT else A("exp", x)), FIN
+            if e.op == "neg":
+                return A("neg", self._fin(e.a, env)), FIN
+            raise ExportError(f"unary operator {e.op}")
         if isinstance(e, Reduce):
             return self.reduce(e, env)
         if isinstance(e, Select):
-            return A("sel", self.conds_bool(e.conds, env), self.expr(e.then, env), self.expr(e.other, env))
+            (x, tx), (y, ty) = self.texpr(e.then, env), self.texpr(e.other, env)
+            t = join(tx, ty)
+            return A("sel", self.conds_bool(e.conds, env), self.lift(x, tx, t), self.lift(y, ty, t)), t
         if isinstance(e, Softmax):
             n = self.ext(e.ext, env)
             k, env2 = self.bind_var(e.var, env)
-            score = Lam([k], self.expr(e.score, env2))
+            score = Lam([k], self._fin(e.score, env2))
             at = self.aff(e.at, env)
             if e.mask:
-                return A("softmaxAtG", Lam([k], self.conds_bool(e.mask, env2)), n, score, at)
-            return A("softmaxAt", n, score, at)
+                return A("softmaxAtG", Lam([k], self.conds_bool(e.mask, env2)), n, score, at), FIN
+            return A("softmaxAt", n, score, at), FIN
         if isinstance(e, Let):
             name, val, env2 = self.binding(e.bind, env)
-            return ("let", name, val, self.expr(e.body, env2))
+            body, tb = self.texpr(e.body, env2)
+            return ("let", name, val, body), tb
         if isinstance(e, Fold):
             return self.fold(e, env)
         raise ExportError(f"expression {type(e).__name__}")
 
-    def reduce(self, e: Reduce, env: dict) -> Term:
-        head = "sumTo" if e.op == "sum" else "maxTo"
+    def reduce(self, e: Reduce, env: dict) -> tuple[Term, str]:
         if e.op not in ("sum", "max"):
             raise ExportError(f"reduction {e.op}")
+        want = FIN if e.op == "sum" else EXT
+        head = "sumTo" if e.op == "sum" else "maxTo"
         n = self.ext(e.ext, env)
         if e.mma is not None and e.op == "sum":
             if e.mma.k == 16 and n[0] == "num" and n[1] % 16 == 0:
                 o, kk = self.fresh("o_" + san(e.var) + "_"), self.fresh("k_" + san(e.var) + "_")
                 env2 = dict(env)
                 env2[e.var] = ("idx", ("nop", "+", ("nop", "*", V(o), N(16)), V(kk)))
-                body = self.expr(e.body, env2)
-                return A("sumTo", N(n[1] // 16), Lam([o], A("mma16", Lam([kk], body))))
+                body = self._fin(e.body, env2)
+                return A("sumTo", N(n[1] // 16), Lam([o], A("mma16", Lam([kk], body)))), FIN
             self.notes.append(f"sum over {e.var} mapped to {e.mma.instr} k={e.mma.k}: exported as a plain sum")
         v, env2 = self.bind_var(e.var, env)
-        return A(head, n, Lam([v], self.expr(e.body, env2)))
+        body = self.lift(*self.texpr(e.body, env2), want)
+        return A(head, n, Lam([v], body)), want
 
     def binding(self, b, env: dict) -> tuple[str, Term, dict]:
         if b.dims:
@@ -360,11 +417,13 @@ class Exporter:
                 nm = "i_" + san(v)
                 names.append(nm)
                 env_v[v] = ("idx", V(nm))
-            val = Lam(names, self.expr(b.value, env_v))
+            val, ty = self.texpr(b.value, env_v)
+            val = Lam(names, val)
             coq = "b_" + san(b.name)
         else:
-            val = self.expr(b.value, env)
+            val, ty = self.texpr(b.value, env)
             coq = "v_" + san(b.name)
+        self.vty[coq] = ty
         env2 = dict(env)
         env2[b.name] = ("buf", coq)
         return coq, val, env2
@@ -395,22 +454,31 @@ class Exporter:
         v, env2 = self.bind_var(f.var, env)
         s = "s_" + san(f.var)
         lets: list[tuple[str, Term]] = []
+        tys = self.state_types(f)
         for k, name in enumerate(f.state):
             coq = "v_" + san(name)
             lets.append((coq, self.state_proj(k, n, V(s))))
             env2[name] = ("buf", coq)
+            self.vty[coq] = tys[k]
         for b in f.binds:
             coq, val, env2 = self.binding(b, env2)
             lets.append((coq, val))
-        body = self.state_mk([self.expr(u, env2) for u in f.update])
+        body = self.state_mk([self.lift(*self.texpr(u, env2), ty) for u, ty in zip(f.update, tys)])
         for coq, val in reversed(lets):
             body = ("let", coq, val, body)
         return Lam([v, s], body)
 
-    def fold(self, f: Fold, env: dict) -> Term:
+    def state_types(self, f: Fold) -> list[str]:
+        tys = [self.types.get(name, FIN) for name in f.state]
+        if len(tys) == 3 and tys != [EXT, FIN, FIN]:
+            raise ExportError("a fold with three state values that is not (max, sum, sum)")
+        return tys
+
+    def fold(self, f: Fold, env: dict) -> tuple[Term, str]:
         n = len(f.state)
+        tys = self.state_types(f)
         step = self.fold_step(f, env)
-        init = self.state_mk([self.expr(x, env) for x in f.init])
+        init = self.state_mk([self.lift(*self.texpr(x, env), ty) for x, ty in zip(f.init, tys)])
         fs = "fs_" + san(f.var)
         env2 = dict(env)
         lets = []
@@ -418,7 +486,8 @@ class Exporter:
             coq = "v_" + san(name)
             lets.append((coq, self.state_proj(k, n, V(fs))))
             env2[name] = ("buf", coq)
-        body = self.expr(f.result, env2)
+            self.vty[coq] = tys[k]
+        body, ty = self.texpr(f.result, env2)
         for coq, val in reversed(lets):
             body = ("let", coq, val, body)
-        return ("let", fs, A("foldN", step, init, self.ext(f.ext, env)), body)
+        return ("let", fs, A("foldN", step, init, self.ext(f.ext, env)), body), ty

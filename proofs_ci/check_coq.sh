@@ -3,7 +3,8 @@
 #   1. install coqc if missing (proofs_ci/install_coq.sh)
 #   2. compile every file of proofs_ci/coq/_CoqProject in dependency order, in place
 #      (so obligations can then use `coqc -R proofs_ci/coq Derivc StepNN_<rule>.v`)
-#   3. compile the worked obligation examples in proofs_ci/coq/examples/
+#   3. compile the worked obligation examples (examples/) and the models of the algebra (models/:
+#      the intended one over Coq's reals, and GF(2) showing what is NOT provable about -inf)
 #   4. rule-theorem names in both libraries, integrity scan, Coq Print Assumptions
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -14,7 +15,7 @@ for f in $(grep -E '\.v[[:space:]]*$' _CoqProject); do
   echo "coqc $f"
   coqc -R . Derivc "$f"
 done
-for f in examples/*.v; do
+for f in examples/*.v models/*.v; do
   echo "coqc $f"
   coqc -R . Derivc "$f"
 done

@@ -45,13 +45,15 @@ def copy_sources(coq_dir: Path, dest: Path) -> Path:
 
 def build_library(coq_dir: Path = COQ_DIR, out_dir: Path | None = None,
                   examples: bool = False, timeout: float = 300) -> Path:
-    """Compile every file of _CoqProject in order (in place, or in a copy at out_dir).
+    """Compile every file of _CoqProject in order (in place, or in a copy at out_dir); with
+    `examples`, also the worked obligations (examples/) and the models of the algebra (models/).
     Returns the directory to pass as `-R <dir> Derivc`.  Raises CoqError on failure."""
     src = Path(coq_dir)
     lib = copy_sources(src, Path(out_dir)) if out_dir is not None else src
     files = project_files(lib)
     if examples:
         files += sorted(p.relative_to(lib).as_posix() for p in (lib / "examples").glob("*.v"))
+        files += sorted(p.relative_to(lib).as_posix() for p in (lib / "models").glob("*.v"))
     for f in files:
         r = _coqc(["-R", ".", LOGICAL_NAME, f], lib, timeout)
         if r.returncode != 0:

@@ -144,7 +144,7 @@ def coq_library_files(root: Path, include_examples: bool = False) -> list[Path]:
         rel = p.relative_to(d).parts
         if rel[0].startswith("_") or rel[0].startswith("."):
             continue
-        if rel[0] == "examples" and not include_examples:
+        if rel[0] in ("examples", "models") and not include_examples:
             continue
         files.append(p)
     return files
@@ -237,11 +237,16 @@ _COQ_REQUIRE = re.compile(
     r"(?s)(?:From\s+(\S+)\s+)?Require\s+(?:(?:Import|Export)\s+)?(.*?)\.(?=\s|$)")
 
 
-def _coq_require_errors(path: Path, text: str) -> list[str]:
+def _coq_require_errors(path: Path, text: str, models: bool = False) -> list[str]:
+    """Library files may use Arith/Lia/…; a model (proofs_ci/coq/models/) may also use the
+    standard reals, whose axioms are then those of the model, never of the library."""
     errors = []
     for m in _COQ_REQUIRE.finditer(text):
         prefix, mods = m.group(1), m.group(2).split()
         for mod in mods:
+            if prefix == "Coq" and mod == "Reals" and not models:
+                errors.append(f"{path}: Require of Reals outside proofs_ci/coq/models/")
+                continue
             if prefix == "Coq" or mod.startswith("Coq.") or mod.startswith("Derivc."):
                 continue
             if mod in ALLOWED_COQ_REQUIRES:
@@ -266,7 +271,7 @@ def integrity_errors(root: Path | str | None = None) -> list[str]:
             errors.append(f"{p}:{lineno}: forbidden `{w}`")
         if re.search(r"Unset\s+\w+\s+Checking|bypass_check", text):
             errors.append(f"{p}: disables a kernel check")
-        errors.extend(_coq_require_errors(p, text))
+        errors.extend(_coq_require_errors(p, text, models=p.parent.name == "models"))
     for p in lean_files:
         text = strip_lean_comments(p.read_text())
         for lineno, w in _word_hits(text, LEAN_FORBIDDEN):

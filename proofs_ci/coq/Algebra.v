@@ -1,6 +1,17 @@
 (* derivc proof library: the abstract element algebra.
    Only the fields of KAlg are assumed (plus functional extensionality,
-   imported where it is used).  Every other fact is proved. *)
+   imported where it is used).  Every other fact is proved.
+
+   R holds FINITE values only: a commutative ring with exp and a finite max.  -infinity is
+   not an element of R: it is the constructor NInf of the extended type `ext R` (Fin r | NInf),
+   the type of everything max-like (max, maxTo, masked scores, the running max).  There is
+   no ring arithmetic on ext R; the only bridges back to R are
+     eexp   : exp of an extended value            eexp NInf = zero
+     expd   : exp (a - b) for extended a, b        expd NInf (Fin b) = zero
+     rescale: the IR's rescale(a, b)               rescale a a = one (also at -inf)
+   and the undefined cases (exp (x - (-inf)) = +inf, -inf - -inf = NaN outside rescale) give
+   `undef`, an element about which NOTHING is assumed: a statement that depends on it is
+   not provable (models with different undef values disagree). *)
 
 Class KAlg (R : Type) := {
   zero : R;
@@ -10,8 +21,9 @@ Class KAlg (R : Type) := {
   neg : R -> R;
   inv : R -> R;
   exp : R -> R;
-  max : R -> R -> R;
-  ninf : R;
+  rmax : R -> R -> R;
+  (* the value of an undefined operation (+inf, NaN): unconstrained *)
+  undef : R;
   (* commutative ring *)
   add_assoc : forall a b c : R, add (add a b) c = add a (add b c);
   add_comm : forall a b : R, add a b = add b a;
@@ -28,11 +40,18 @@ Class KAlg (R : Type) := {
   (* exponential *)
   exp_add : forall a b : R, exp (add a b) = mul (exp a) (exp b);
   exp_zero : exp zero = one;
-  (* max with -infinity as unit *)
-  max_assoc : forall a b c : R, max (max a b) c = max a (max b c);
-  max_comm : forall a b : R, max a b = max b a;
-  max_ninf : forall a : R, max ninf a = a
+  (* finite max; -infinity (its unit) lives in ext R *)
+  rmax_assoc : forall a b c : R, rmax (rmax a b) c = rmax a (rmax b c);
+  rmax_comm : forall a b : R, rmax a b = rmax b a
 }.
+
+(* the extended values: finite, or -infinity as its own constructor *)
+Inductive ext (R : Type) : Type :=
+| Fin : R -> ext R
+| NInf : ext R.
+Arguments Fin {R} _.
+Arguments NInf {R}.
+Notation ninf := NInf (only parsing).
 
 (* Optional infix notations; obligations use the prefix forms. *)
 Declare Scope kalg_scope.
@@ -136,5 +155,76 @@ Lemma div_cancel_r : forall c a b : R, c <> zero -> div (mul a c) (mul b c) = di
 Proof.
   intros c a b Hc. rewrite (mul_comm a c), (mul_comm b c). apply div_cancel_l. exact Hc.
 Qed.
+
+(* ----------------------------------------------------------- extended values *)
+
+Definition max (a b : ext R) : ext R :=
+  match a, b with
+  | NInf, y => y
+  | x, NInf => x
+  | Fin x, Fin y => Fin (rmax x y)
+  end.
+
+Definition eexp (a : ext R) : R :=
+  match a with
+  | Fin x => exp x
+  | NInf => zero
+  end.
+
+(* exp (a - b) on extended values *)
+Definition expd (a b : ext R) : R :=
+  match a, b with
+  | Fin x, Fin y => exp (sub x y)
+  | NInf, Fin _ => zero
+  | _, NInf => undef
+  end.
+
+(* the IR's rescale(a, b) = exp (a - b), exactly one when a and b are both -inf *)
+Definition rescale (a b : ext R) : R :=
+  match a, b with
+  | NInf, NInf => one
+  | _, _ => expd a b
+  end.
+
+Lemma max_assoc : forall a b c : ext R, max (max a b) c = max a (max b c).
+Proof.
+  intros [a|] [b|] [c|]; simpl; try reflexivity. rewrite rmax_assoc. reflexivity.
+Qed.
+
+Lemma max_comm : forall a b : ext R, max a b = max b a.
+Proof. intros [a|] [b|]; simpl; try reflexivity. rewrite rmax_comm. reflexivity. Qed.
+
+Lemma max_ninf : forall a : ext R, max ninf a = a.
+Proof. intros [a|]; reflexivity. Qed.
+
+Lemma max_ninf_r : forall a : ext R, max a ninf = a.
+Proof. intros [a|]; reflexivity. Qed.
+
+Lemma max_NInf_inv : forall a b : ext R, max a b = NInf -> a = NInf /\ b = NInf.
+Proof. intros [a|] [b|]; simpl; intros E; try discriminate E; split; reflexivity. Qed.
+
+Lemma max_fin_l : forall (x : R) (b : ext R), max (Fin x) b <> NInf.
+Proof. intros x [b|]; simpl; discriminate. Qed.
+
+Lemma eexp_ninf : eexp ninf = zero.
+Proof. reflexivity. Qed.
+
+Lemma expd_fin : forall x y : R, expd (Fin x) (Fin y) = exp (sub x y).
+Proof. reflexivity. Qed.
+
+Lemma expd_ninf_l : forall y : R, expd ninf (Fin y) = zero.
+Proof. reflexivity. Qed.
+
+Lemma rescale_diag : forall a : ext R, rescale a a = one.
+Proof.
+  intros [a|]; simpl; [|reflexivity].
+  unfold sub. rewrite add_neg. apply exp_zero.
+Qed.
+
+Lemma rescale_fin : forall x y : R, rescale (Fin x) (Fin y) = exp (sub x y).
+Proof. reflexivity. Qed.
+
+Lemma rescale_ninf_l : forall y : R, rescale ninf (Fin y) = zero.
+Proof. reflexivity. Qed.
 
 End Derived.

@@ -31,7 +31,8 @@ Fixpoint sumTo (n : nat) (f : nat -> R) : R :=
   | S k => add (sumTo k f) (f k)
   end.
 
-Fixpoint maxTo (n : nat) (f : nat -> R) : R :=
+(* max over a range: an extended value, -inf when the range is empty *)
+Fixpoint maxTo (n : nat) (f : nat -> ext R) : ext R :=
   match n with
   | O => ninf
   | S k => max (maxTo k f) (f k)
@@ -40,6 +41,10 @@ Fixpoint maxTo (n : nat) (f : nat -> R) : R :=
 (* a generated (producer) tensor of extent n *)
 Definition genAt (n : nat) (f : nat -> R) (i : nat) : R :=
   if Nat.ltb i n then f i else zero.
+
+(* a generated tensor of extended values (e.g. a row max): -inf outside its extent *)
+Definition genAtX (n : nat) (f : nat -> ext R) (i : nat) : ext R :=
+  if Nat.ltb i n then f i else ninf.
 
 Lemma sumTo_O : forall f, sumTo 0 f = zero.
 Proof. reflexivity. Qed.
@@ -63,7 +68,7 @@ Proof.
     rewrite (Hfg n) by lia. reflexivity.
 Qed.
 
-Lemma maxTo_ext : forall n (f g : nat -> R),
+Lemma maxTo_ext : forall n (f g : nat -> ext R),
   (forall i, i < n -> f i = g i) -> maxTo n f = maxTo n g.
 Proof.
   induction n as [|n IH]; intros f g Hfg.
@@ -86,7 +91,7 @@ Qed.
 Lemma sumTo_const_zero : forall n, sumTo n (fun _ => zero) = zero.
 Proof. intros n. apply sumTo_zero_ext. intros i Hi. reflexivity. Qed.
 
-Lemma maxTo_ninf_ext : forall n (f : nat -> R),
+Lemma maxTo_ninf_ext : forall n (f : nat -> ext R),
   (forall i, i < n -> f i = ninf) -> maxTo n f = ninf.
 Proof.
   induction n as [|n IH]; intros f Hf.
@@ -105,7 +110,7 @@ Proof.
   - rewrite Nat.add_succ_r, sumTo_S, sumTo_S, IH, add_assoc. reflexivity.
 Qed.
 
-Lemma maxTo_app : forall a b (f : nat -> R),
+Lemma maxTo_app : forall a b (f : nat -> ext R),
   maxTo (a + b) f = max (maxTo a f) (maxTo b (fun j => f (a + j))).
 Proof.
   intros a b f. induction b as [|b IH].
@@ -150,7 +155,7 @@ Proof.
   apply add_zero.
 Qed.
 
-Lemma maxTo_trunc : forall n k (f : nat -> R),
+Lemma maxTo_trunc : forall n k (f : nat -> ext R),
   (forall j, k <= j -> j < n -> f j = ninf) -> k <= n -> maxTo n f = maxTo k f.
 Proof.
   intros n k f Hz Hk.
@@ -159,6 +164,18 @@ Proof.
   rewrite (maxTo_ninf_ext (n - k) (fun j => f (k + j)))
     by (intros j Hj; apply Hz; lia).
   rewrite max_comm. apply max_ninf.
+Qed.
+
+(* a max that is -inf has only -inf terms *)
+Lemma maxTo_NInf_inv : forall n (f : nat -> ext R),
+  maxTo n f = NInf -> forall k, k < n -> f k = NInf.
+Proof.
+  induction n as [|n IH]; intros f E k Hk.
+  - exfalso. inversion Hk.
+  - rewrite maxTo_S in E. apply max_NInf_inv in E. destruct E as [E1 E2].
+    destruct (Nat.eq_dec k n) as [Ek | Ek].
+    + subst k. exact E2.
+    + apply IH; [exact E1 | lia].
 Qed.
 
 End Sums.

@@ -51,15 +51,16 @@ Qed.
 Lemma app_cong {A B : Type} : forall (f g : A -> B) (a b : A), f = g -> a = b -> f a = g b.
 Proof. intros f g a b Hfg Hab. subst g b. reflexivity. Qed.
 
+(* the exporter's guard form, for finite (R) and extended (ext R) values alike *)
+Definition sel {A : Type} (b : bool) (x y : A) : A := if b then x else y.
+
 Section Tactics.
 Context {R : Type} `{KAlg R}.
 
-Definition sel (b : bool) (x y : R) : R := if b then x else y.
-
-Lemma sel_if : forall b x y, sel b x y = if b then x else y.
+Lemma sel_if : forall b (x y : R), sel b x y = if b then x else y.
 Proof. reflexivity. Qed.
 
-Lemma sel_and : forall a b x y, sel (andb a b) x y = sel a (sel b x y) y.
+Lemma sel_and : forall a b (x y : R), sel (andb a b) x y = sel a (sel b x y) y.
 Proof. intros a b x y. destruct a; reflexivity. Qed.
 
 Lemma sumTo_ext_eq : forall n m (f g : nat -> R),
@@ -70,7 +71,7 @@ Lemma sumTo_ext_lt : forall n (f g : nat -> R),
   (forall i, i < n -> f i = g i) -> sumTo n f = sumTo n g.
 Proof. exact sumTo_ext. Qed.
 
-Lemma maxTo_ext_eq : forall n m (f g : nat -> R),
+Lemma maxTo_ext_eq : forall n m (f g : nat -> ext R),
   n = m -> (forall i, i < n -> f i = g i) -> maxTo n f = maxTo m g.
 Proof. intros n m f g E Hfg. subst m. apply maxTo_ext. exact Hfg. Qed.
 
@@ -80,14 +81,11 @@ Proof.
   rewrite !Hfg by lia. reflexivity.
 Qed.
 
-Lemma max_ninf_r : forall a : R, max a ninf = a.
-Proof. intros a. rewrite max_comm. apply max_ninf. Qed.
-
 Lemma sub_diag : forall a : R, sub a a = zero.
 Proof. intros a. unfold sub. apply add_neg. Qed.
 
-Lemma onlineFoldW_foldN : forall (w : nat -> R -> R) (v : nat -> R) (t : nat)
-    (mnext : nat -> R -> R) (m0 : R) (T : nat),
+Lemma onlineFoldW_foldN : forall (w : nat -> ext R -> R) (v : nat -> R) (t : nat)
+    (mnext : nat -> ext R -> ext R) (m0 : ext R) (T : nat),
   onlineFoldW w v t mnext m0 T = foldN (onlineStepW w v t mnext) (mkOState m0 zero zero) T.
 Proof.
   intros w v t mnext m0 T. induction T as [|T IH].
@@ -96,9 +94,9 @@ Proof.
 Qed.
 
 Lemma onlineFoldG_foldN : forall (g : nat -> bool) (s v : nat -> R) (t : nat)
-    (mnext : nat -> R -> R) (m0 : R) (T : nat),
+    (mnext : nat -> ext R -> ext R) (m0 : ext R) (T : nat),
   onlineFoldG g s v t mnext m0 T
-  = foldN (onlineStepW (fun j m => if g j then exp (sub (s j) m) else zero) v t mnext)
+  = foldN (onlineStepW (fun j m => if g j then expd (Fin (s j)) m else zero) v t mnext)
           (mkOState m0 zero zero) T.
 Proof. intros. unfold onlineFoldG. apply onlineFoldW_foldN. Qed.
 
@@ -106,26 +104,33 @@ Proof. intros. unfold onlineFoldG. apply onlineFoldW_foldN. Qed.
 Definition softmaxAtG (g : nat -> bool) (n : nat) (s : nat -> R) (j : nat) : R :=
   if g j then div (exp (s j)) (sumTo n (fun k => if g k then exp (s k) else zero)) else zero.
 
-(* the stabilising shift m is arbitrary (SPLIT-SOFTMAX, element-wise) *)
-Lemma softmaxAt_shift : forall (n : nat) (s : nat -> R) (j : nat) (m : R),
-  softmaxAt n s j = div (exp (sub (s j) m)) (sumTo n (fun k => exp (sub (s k) m))).
+(* the stabilising shift M is arbitrary (SPLIT-SOFTMAX, element-wise) as long as it is
+   defined: -inf only when every position is masked *)
+Lemma softmaxAt_shift : forall (n : nat) (s : nat -> R) (j : nat) (M : ext R),
+  j < n -> (forall k, k < n -> M = NInf -> False) ->
+  softmaxAt n s j = div (expd (Fin (s j)) M) (sumTo n (fun k => expd (Fin (s k)) M)).
 Proof.
-  intros n s j m. unfold softmaxAt.
+  intros n s j [m|] Hj HM; [| exfalso; exact (HM j Hj eq_refl)].
+  unfold softmaxAt. cbv [expd].
   rewrite (sumTo_ext n (fun k => exp (sub (s k) m)) (fun k => mul (exp (s k)) (exp (neg m))))
     by (intros k Hk; apply exp_sub).
   rewrite sumTo_mul_r, exp_sub. symmetry. apply div_cancel_r. apply exp_ne_zero.
 Qed.
 
-Lemma softmaxAtG_shift : forall (g : nat -> bool) (n : nat) (s : nat -> R) (j : nat) (m : R),
+Lemma softmaxAtG_shift : forall (g : nat -> bool) (n : nat) (s : nat -> R) (j : nat) (M : ext R),
+  j < n -> (forall k, k < n -> M = NInf -> g k = false) ->
   softmaxAtG g n s j
-  = if g j then div (exp (sub (s j) m)) (sumTo n (fun k => if g k then exp (sub (s k) m) else zero))
+  = if g j then div (expd (Fin (s j)) M)
+                    (sumTo n (fun k => if g k then expd (Fin (s k)) M else zero))
     else zero.
 Proof.
-  intros g n s j m. unfold softmaxAtG. destruct (g j); [|reflexivity].
-  rewrite (sumTo_ext n (fun k => if g k then exp (sub (s k) m) else zero)
-                       (fun k => mul (if g k then exp (s k) else zero) (exp (neg m))))
-    by (intros k Hk; apply cond_exp).
-  rewrite sumTo_mul_r, exp_sub. symmetry. apply div_cancel_r. apply exp_ne_zero.
+  intros g n s j [m|] Hj HM.
+  - unfold softmaxAtG. destruct (g j); [|reflexivity]. cbv [expd].
+    rewrite (sumTo_ext n (fun k => if g k then exp (sub (s k) m) else zero)
+                         (fun k => mul (if g k then exp (s k) else zero) (exp (neg m))))
+      by (intros k Hk; apply cond_exp).
+    rewrite sumTo_mul_r, exp_sub. symmetry. apply div_cancel_r. apply exp_ne_zero.
+  - unfold softmaxAtG. rewrite (HM j Hj eq_refl). reflexivity.
 Qed.
 
 Lemma softmaxAtG_true : forall (n : nat) (s : nat -> R) (j : nat),
@@ -174,13 +179,14 @@ Ltac derivc_kill_masked :=
   repeat first
     [ rewrite sumTo_zero_ext by (intros; derivc_red; repeat (derivc_split; derivc_red; try (exfalso; lia)); reflexivity)
     | rewrite maxTo_ninf_ext by (intros; derivc_red; repeat (derivc_split; derivc_red; try (exfalso; lia)); reflexivity) ];
-  rewrite ?max_ninf_r, ?sub_diag, ?exp_zero, ?mul_one, ?add_zero;
+  rewrite ?max_ninf_r, ?rescale_diag, ?mul_one, ?add_zero;
   reflexivity.
 
 Ltac derivc_ring :=
   lazymatch goal with
   | |- @eq nat _ _ => fail
   | |- @eq (OState _) _ _ => fail
+  | |- @eq (ext _) _ _ => fail
   | |- @eq (_ -> _) _ _ => fail
   | |- _ => ring
   end.
@@ -192,6 +198,8 @@ Ltac derivc_congr :=
   | match goal with |- @eq nat _ _ => lia end
   | derivc_split; derivc_red; first [ exfalso; lia | derivc_congr ]
   | match goal with |- context [genAt ?n ?f ?i] => rewrite (gen_inline n f i) by lia end;
+    derivc_congr
+  | match goal with |- context [genAtX ?n ?f ?i] => rewrite (genX_inline n f i) by lia end;
     derivc_congr
   | apply sumTo_ext_eq; [ lia | intros ? ?; derivc_congr ]
   | apply maxTo_ext_eq; [ lia | intros ? ?; derivc_congr ]
@@ -211,3 +219,32 @@ Ltac derivc_congr :=
 (* a proposition over index arithmetic: bounds, guards, store-index equalities *)
 Ltac derivc_props :=
   intros; derivc_destruct_conj; repeat split; lia.
+
+(* ---------------------------------------------------------- -inf is only where it may be *)
+
+Ltac derivc_cases := repeat (derivc_split; derivc_red; try (exfalso; lia)).
+Ltac derivc_fin_close := intros; first [ reflexivity | discriminate | exfalso; lia ].
+
+(* goal: `M = NInf -> P` where M is an (inlined) max over a range and P is `g k = false` or
+   False: a key k that is live makes M finite (maxTo_NInf_inv at k). *)
+Ltac derivc_valid k :=
+  cbv beta iota zeta delta [sel andb orb negb genAtX genAt];
+  derivc_cases;
+  first
+  [ derivc_fin_close
+  | let HM := fresh "HM" in let Hc := fresh "Hc" in
+    intros HM;
+    lazymatch type of HM with maxTo _ _ = NInf => idtac end;
+    pose proof (maxTo_NInf_inv _ _ HM k ltac:(lia)) as Hc; clear HM; revert Hc;
+    derivc_red; derivc_cases; derivc_fin_close ].
+
+(* goal: online_max_ok g t mnext T for the IR's running max max(m, max over the tile):
+   it is -inf only if m is and every key of the tile is masked *)
+Ltac derivc_mnext :=
+  let o := fresh "o" in let m := fresh "m" in let Ho := fresh "Ho" in let E := fresh "E" in
+  let Em := fresh "Em" in let Et := fresh "Et" in let i := fresh "i" in let Hi := fresh "Hi" in
+  let Hc := fresh "Hc" in
+  unfold online_max_ok; intros o m Ho E; cbv beta zeta in E;
+  apply max_NInf_inv in E; destruct E as [Em Et]; split; [exact Em |];
+  intros i Hi; pose proof (maxTo_NInf_inv _ _ Et i Hi) as Hc; clear Et; revert Hc;
+  derivc_red; derivc_cases; derivc_fin_close.

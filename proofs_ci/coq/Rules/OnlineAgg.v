@@ -1,11 +1,16 @@
 (* Rule ONLINE-AGG: flash-attention style tile-by-tile softmax aggregation with a
-   running max m, running denominator l and running accumulator acc.  The new
-   running max is an arbitrary function mnext of (tile index, old max): exactness
-   does not depend on it being the true max. *)
-Require Import Arith.
+   running max m (an extended value: it starts at -inf), running denominator l and running
+   accumulator acc.  The new running max is a function mnext of (tile index, old max).
+   Exactness does not need it to be the true max, but it must be DEFINED: it may stay -inf
+   only while every key seen so far is masked, and never fall back to -inf (hypothesis
+   `online_max_ok`).  A running max that is never updated, or a rescale against a stale max,
+   evaluates exp (s - (-inf)) (`undef`) and cannot be proved.
+   Fully masked rows: when every key is masked the fold gives acc / l = 0 / 0 = 0 (the
+   convention x / 0 = 0 of the interpreter and the kernels); `online_agg_guard` states it. *)
+Require Import Arith Lia.
 Require Import Derivc.Algebra Derivc.Sum Derivc.Rules.SplitSoftmax.
 
-Record OState (R : Type) := mkOState { st_m : R; st_l : R; st_acc : R }.
+Record OState (R : Type) := mkOState { st_m : ext R; st_l : R; st_acc : R }.
 Arguments mkOState {R} _ _ _.
 Arguments st_m {R} _.
 Arguments st_l {R} _.
@@ -15,30 +20,45 @@ Section Online.
 Context {R : Type} `{KAlg R}.
 
 (* generic step: w j m' is the (possibly masked) weight of score j under max m' *)
-Definition onlineStepW (w : nat -> R -> R) (v : nat -> R) (t : nat)
-    (mnext : nat -> R -> R) (o : nat) (st : OState R) : OState R :=
+Definition onlineStepW (w : nat -> ext R -> R) (v : nat -> R) (t : nat)
+    (mnext : nat -> ext R -> ext R) (o : nat) (st : OState R) : OState R :=
   mkOState (mnext o (st_m st))
-    (add (mul (st_l st) (exp (sub (st_m st) (mnext o (st_m st)))))
+    (add (mul (st_l st) (rescale (st_m st) (mnext o (st_m st))))
          (sumTo t (fun i => w (o * t + i) (mnext o (st_m st)))))
-    (add (mul (st_acc st) (exp (sub (st_m st) (mnext o (st_m st)))))
+    (add (mul (st_acc st) (rescale (st_m st) (mnext o (st_m st))))
          (sumTo t (fun i => mul (w (o * t + i) (mnext o (st_m st))) (v (o * t + i))))).
 
-Fixpoint onlineFoldW (w : nat -> R -> R) (v : nat -> R) (t : nat)
-    (mnext : nat -> R -> R) (m0 : R) (T : nat) : OState R :=
+Fixpoint onlineFoldW (w : nat -> ext R -> R) (v : nat -> R) (t : nat)
+    (mnext : nat -> ext R -> ext R) (m0 : ext R) (T : nat) : OState R :=
   match T with
   | O => mkOState m0 zero zero
   | S T' => onlineStepW w v t mnext T' (onlineFoldW w v t mnext m0 T')
   end.
 
-(* unmasked: weight exp (s j - m') *)
-Definition onlineFold (s v : nat -> R) (t : nat) (mnext : nat -> R -> R) (m0 : R) (T : nat)
-  : OState R :=
-  onlineFoldW (fun j m => exp (sub (s j) m)) v t mnext m0 T.
-
 (* masked: weight (if g j then exp (s j - m') else 0) *)
-Definition onlineFoldG (g : nat -> bool) (s v : nat -> R) (t : nat) (mnext : nat -> R -> R)
-    (m0 : R) (T : nat) : OState R :=
-  onlineFoldW (fun j m => if g j then exp (sub (s j) m) else zero) v t mnext m0 T.
+Definition onlineFoldG (g : nat -> bool) (s v : nat -> R) (t : nat)
+    (mnext : nat -> ext R -> ext R) (m0 : ext R) (T : nat) : OState R :=
+  onlineFoldW (fun j m => if g j then expd (Fin (s j)) m else zero) v t mnext m0 T.
+
+(* unmasked *)
+Definition onlineFold (s v : nat -> R) (t : nat) (mnext : nat -> ext R -> ext R) (m0 : ext R)
+    (T : nat) : OState R :=
+  onlineFoldG (fun _ => true) s v t mnext m0 T.
+
+(* the running max is defined: -inf only after fully masked tiles, and never back to -inf *)
+Definition online_max_ok (g : nat -> bool) (t : nat) (mnext : nat -> ext R -> ext R) (T : nat)
+  : Prop :=
+  forall o m, o < T -> mnext o m = NInf -> m = NInf /\ forall i, i < t -> g (o * t + i) = false.
+
+Definition eg (g : nat -> bool) (s : nat -> R) (j : nat) : R := if g j then exp (s j) else zero.
+
+(* exp (-x): the scale of the running sums under running max Fin x *)
+Definition onlineInv (g : nat -> bool) (s v : nat -> R) (n : nat) (st : OState R) : Prop :=
+  match st_m st with
+  | NInf => st_l st = zero /\ st_acc st = zero /\ forall j, j < n -> g j = false
+  | Fin x => st_l st = mul (exp (neg x)) (sumTo n (eg g s))
+             /\ st_acc st = mul (exp (neg x)) (sumTo n (fun j => mul (eg g s j) (v j)))
+  end.
 
 Lemma rescale_step : forall m m' S X : R,
   add (mul (mul (exp (neg m)) S) (exp (sub m m'))) (mul X (exp (neg m')))
@@ -50,79 +70,10 @@ Proof.
   reflexivity.
 Qed.
 
-Lemma step_sum : forall (a b : nat -> R) (t T : nat) (m m' x : R),
-  (forall j, a j = mul (b j) (exp (neg m'))) ->
-  x = mul (exp (neg m)) (sumTo (T * t) b) ->
-  add (mul x (exp (sub m m'))) (sumTo t (fun i => a (T * t + i)))
-  = mul (exp (neg m')) (sumTo (S T * t) b).
+Lemma sumTo_masked : forall (g : nat -> bool) (f : nat -> R) (n : nat),
+  (forall j, j < n -> g j = false) -> sumTo n (fun j => if g j then f j else zero) = zero.
 Proof.
-  intros a b t T m m' x Ha Hx.
-  rewrite (sumTo_ext t (fun i => a (T * t + i)) (fun i => mul (b (T * t + i)) (exp (neg m'))))
-    by (intros i Hi; apply Ha).
-  rewrite Hx, (sumTo_mul_r t (fun i => b (T * t + i)) (exp (neg m'))).
-  rewrite rescale_step, Nat.mul_succ_l, sumTo_app. reflexivity.
-Qed.
-
-Lemma online_invariant_w : forall (w : nat -> R -> R) (e v : nat -> R) (t : nat)
-    (mnext : nat -> R -> R) (m0 : R),
-  (forall j mm, w j mm = mul (e j) (exp (neg mm))) ->
-  forall T : nat,
-  st_l (onlineFoldW w v t mnext m0 T)
-    = mul (exp (neg (st_m (onlineFoldW w v t mnext m0 T)))) (sumTo (T * t) e)
-  /\ st_acc (onlineFoldW w v t mnext m0 T)
-    = mul (exp (neg (st_m (onlineFoldW w v t mnext m0 T)))) (sumTo (T * t) (fun j => mul (e j) (v j))).
-Proof.
-  intros w e v t mnext m0 Hw T. induction T as [|T IH].
-  - split.
-    + change (zero = mul (exp (neg m0)) (sumTo (0 * t) e)).
-      rewrite Nat.mul_0_l, sumTo_O, mul_0_r. reflexivity.
-    + change (zero = mul (exp (neg m0)) (sumTo (0 * t) (fun j => mul (e j) (v j)))).
-      rewrite Nat.mul_0_l, sumTo_O, mul_0_r. reflexivity.
-  - destruct IH as [Hl Ha]. split.
-    + exact (step_sum (fun j => w j (mnext T (st_m (onlineFoldW w v t mnext m0 T)))) e t T
-               _ _ _ (fun j => Hw j _) Hl).
-    + exact (step_sum (fun j => mul (w j (mnext T (st_m (onlineFoldW w v t mnext m0 T)))) (v j))
-               (fun j => mul (e j) (v j)) t T _ _ _
-               (fun j => eq_trans (f_equal (fun z => mul z (v j)) (Hw j _)) (mul_rot _ _ _)) Ha).
-Qed.
-
-Theorem online_invariant : forall (s v : nat -> R) (t : nat) (mnext : nat -> R -> R) (m0 : R)
-    (T : nat),
-  st_l (onlineFold s v t mnext m0 T)
-    = mul (exp (neg (st_m (onlineFold s v t mnext m0 T)))) (sumTo (T * t) (fun j => exp (s j)))
-  /\ st_acc (onlineFold s v t mnext m0 T)
-    = mul (exp (neg (st_m (onlineFold s v t mnext m0 T))))
-          (sumTo (T * t) (fun j => mul (exp (s j)) (v j))).
-Proof.
-  intros s v t mnext m0 T.
-  destruct (online_invariant_w (fun j m => exp (sub (s j) m)) (fun j => exp (s j)) v t mnext m0
-              (fun j mm => exp_sub (s j) mm) T) as [Hl Ha].
-  split.
-  - exact Hl.
-  - exact Ha.
-Qed.
-
-Lemma online_ratio_w : forall (w : nat -> R -> R) (e v : nat -> R) (t : nat)
-    (mnext : nat -> R -> R) (m0 : R) (T : nat),
-  (forall j mm, w j mm = mul (e j) (exp (neg mm))) ->
-  div (st_acc (onlineFoldW w v t mnext m0 T)) (st_l (onlineFoldW w v t mnext m0 T))
-  = div (sumTo (T * t) (fun j => mul (e j) (v j))) (sumTo (T * t) e).
-Proof.
-  intros w e v t mnext m0 T Hw.
-  destruct (online_invariant_w w e v t mnext m0 Hw T) as [Hl Ha].
-  rewrite Hl, Ha. apply div_cancel_l. apply exp_ne_zero.
-Qed.
-
-Theorem online_agg : forall (s v : nat -> R) (t : nat) (mnext : nat -> R -> R) (m0 M : R)
-    (T : nat),
-  div (st_acc (onlineFold s v t mnext m0 T)) (st_l (onlineFold s v t mnext m0 T))
-  = div (sumTo (T * t) (fun j => mul (exp (sub (s j) M)) (v j)))
-        (sumTo (T * t) (fun j => exp (sub (s j) M))).
-Proof.
-  intros s v t mnext m0 M T. unfold onlineFold.
-  rewrite (online_ratio_w (fun j m => exp (sub (s j) m)) (fun j => exp (s j)) v t mnext m0 T
-             (fun j mm => exp_sub (s j) mm)).
-  rewrite shift_ratio. reflexivity.
+  intros g f n Hg. apply sumTo_zero_ext. intros j Hj. rewrite (Hg j Hj). reflexivity.
 Qed.
 
 Lemma cond_exp : forall (b : bool) (x m : R),
@@ -133,25 +84,163 @@ Proof.
   - symmetry. apply mul_0_l.
 Qed.
 
-Theorem online_agg_guard : forall (g : nat -> bool) (s v : nat -> R) (t : nat)
-    (mnext : nat -> R -> R) (m0 M : R) (T : nat),
-  div (st_acc (onlineFoldG g s v t mnext m0 T)) (st_l (onlineFoldG g s v t mnext m0 T))
-  = div (sumTo (T * t) (fun j => mul (if g j then exp (sub (s j) M) else zero) (v j)))
-        (sumTo (T * t) (fun j => if g j then exp (sub (s j) M) else zero)).
+Lemma weight_fin : forall (g : nat -> bool) (s : nat -> R) (j : nat) (y : R),
+  (if g j then expd (Fin (s j)) (Fin y) else zero) = mul (eg g s j) (exp (neg y)).
 Proof.
-  intros g s v t mnext m0 M T. unfold onlineFoldG.
-  rewrite (online_ratio_w (fun j m => if g j then exp (sub (s j) m) else zero)
-             (fun j => if g j then exp (s j) else zero) v t mnext m0 T
-             (fun j mm => cond_exp (g j) (s j) mm)).
-  rewrite (sumTo_ext (T * t) (fun j => mul (if g j then exp (sub (s j) M) else zero) (v j))
-             (fun j => mul (mul (if g j then exp (s j) else zero) (exp (neg M))) (v j)))
-    by (intros j Hj; rewrite cond_exp; reflexivity).
-  rewrite (sumTo_ext (T * t) (fun j => if g j then exp (sub (s j) M) else zero)
-             (fun j => mul (if g j then exp (s j) else zero) (exp (neg M))))
-    by (intros j Hj; apply cond_exp).
-  rewrite (ratio_scale (T * t) (fun j => if g j then exp (s j) else zero) v (exp (neg M))
-             (exp_ne_zero (neg M))).
-  reflexivity.
+  intros g s j y. unfold eg. destruct (g j).
+  - apply exp_sub.
+  - symmetry. apply mul_0_l.
+Qed.
+
+Lemma onlineFoldG_S : forall (g : nat -> bool) (s v : nat -> R) (t : nat)
+    (mnext : nat -> ext R -> ext R) (m0 : ext R) (T : nat),
+  onlineFoldG g s v t mnext m0 (S T)
+  = onlineStepW (fun j m => if g j then expd (Fin (s j)) m else zero) v t mnext T
+      (onlineFoldG g s v t mnext m0 T).
+Proof. reflexivity. Qed.
+
+Lemma online_invariant_g : forall (g : nat -> bool) (s v : nat -> R) (t : nat)
+    (mnext : nat -> ext R -> ext R) (m0 : ext R) (T : nat),
+  online_max_ok g t mnext T -> onlineInv g s v 0 (mkOState m0 zero zero) ->
+  forall T', T' <= T -> onlineInv g s v (T' * t) (onlineFoldG g s v t mnext m0 T').
+Proof.
+  intros g s v t mnext m0 T Hok H0 T' HT'. induction T' as [|T' IH].
+  - exact H0.
+  - specialize (IH ltac:(lia)). rewrite onlineFoldG_S.
+    set (st := onlineFoldG g s v t mnext m0 T') in *.
+    unfold onlineInv in *. unfold onlineStepW. cbn [st_m st_l st_acc].
+    rewrite Nat.mul_succ_l. revert IH.
+    destruct (mnext T' (st_m st)) as [y|] eqn:Em; destruct (st_m st) as [x|] eqn:Ex;
+      intros IH; cbv beta iota in IH |- *.
+    + (* finite -> finite: the usual rescale *)
+      destruct IH as [Hl Ha].
+      rewrite rescale_fin, Hl, Ha, !sumTo_app. cbv beta.
+      rewrite (sumTo_ext t (fun i => if g (T' * t + i) then expd (Fin (s (T' * t + i))) (Fin y)
+                                      else zero)
+                 (fun i => mul (eg g s (T' * t + i)) (exp (neg y))))
+        by (intros i Hi; apply weight_fin).
+      rewrite (sumTo_ext t (fun i => mul (if g (T' * t + i) then expd (Fin (s (T' * t + i))) (Fin y)
+                                          else zero) (v (T' * t + i)))
+                 (fun i => mul (mul (eg g s (T' * t + i)) (v (T' * t + i))) (exp (neg y))))
+        by (intros i Hi; rewrite weight_fin; apply mul_rot).
+      rewrite !sumTo_mul_r, !rescale_step. split; reflexivity.
+    + (* -inf -> finite: nothing seen so far, the first unmasked tile *)
+      destruct IH as [Hl [Ha Hm]].
+      rewrite Hl, Ha, rescale_ninf_l, !mul_0_l, !add_0_l, !sumTo_app. cbv beta.
+      rewrite (sumTo_zero_ext (T' * t) (eg g s))
+        by (intros j Hj; unfold eg; rewrite (Hm j Hj); reflexivity).
+      rewrite (sumTo_zero_ext (T' * t) (fun j => mul (eg g s j) (v j)))
+        by (intros j Hj; unfold eg; rewrite (Hm j Hj); apply mul_0_l).
+      rewrite !add_0_l.
+      rewrite (sumTo_ext t (fun i => if g (T' * t + i) then expd (Fin (s (T' * t + i))) (Fin y)
+                                      else zero)
+                 (fun i => mul (eg g s (T' * t + i)) (exp (neg y))))
+        by (intros i Hi; apply weight_fin).
+      rewrite (sumTo_ext t (fun i => mul (if g (T' * t + i) then expd (Fin (s (T' * t + i))) (Fin y)
+                                          else zero) (v (T' * t + i)))
+                 (fun i => mul (mul (eg g s (T' * t + i)) (v (T' * t + i))) (exp (neg y))))
+        by (intros i Hi; rewrite weight_fin; apply mul_rot).
+      rewrite !sumTo_mul_r, (mul_comm (exp (neg y))), (mul_comm (exp (neg y))).
+      unfold eg. split; reflexivity.
+    + (* finite -> -inf: excluded *)
+      exfalso. destruct (Hok T' (Fin x) ltac:(lia) Em) as [E _]. discriminate E.
+    + (* -inf -> -inf: a fully masked tile *)
+      destruct IH as [Hl [Ha Hm]].
+      destruct (Hok T' NInf ltac:(lia) Em) as [_ Hg].
+      rewrite Hl, Ha, !mul_0_l, !add_0_l.
+      split; [| split].
+      * apply sumTo_zero_ext. intros i Hi. rewrite (Hg i Hi). reflexivity.
+      * apply sumTo_zero_ext. intros i Hi. rewrite (Hg i Hi). apply mul_0_l.
+      * intros j Hj. destruct (Nat.lt_ge_cases j (T' * t)) as [Hlt | Hge].
+        -- exact (Hm j Hlt).
+        -- replace j with (T' * t + (j - T' * t)) by lia. apply Hg. lia.
+Qed.
+
+Lemma onlineInv_init : forall (g : nat -> bool) (s v : nat -> R) (m0 : ext R),
+  onlineInv g s v 0 (mkOState m0 zero zero).
+Proof.
+  intros g s v [x|]; unfold onlineInv; cbn [st_m st_l st_acc].
+  - rewrite !sumTo_O, mul_0_r. split; reflexivity.
+  - split; [reflexivity | split; [reflexivity | intros j Hj; inversion Hj]].
+Qed.
+
+Theorem online_invariant : forall (g : nat -> bool) (s v : nat -> R) (t : nat)
+    (mnext : nat -> ext R -> ext R) (m0 : ext R) (T : nat),
+  online_max_ok g t mnext T ->
+  onlineInv g s v (T * t) (onlineFoldG g s v t mnext m0 T).
+Proof.
+  intros g s v t mnext m0 T Hok.
+  exact (online_invariant_g g s v t mnext m0 T Hok (onlineInv_init g s v m0) T (le_n T)).
+Qed.
+
+Lemma div_zero_zero : div zero zero = zero.
+Proof. unfold div. apply mul_0_l. Qed.
+
+(* ONLINE-AGG, masked: the fold's acc / l is the shifted quotient for ANY valid shift M
+   (-inf only when every key is masked), and a row with every key masked gives 0. *)
+Theorem online_agg_guard : forall (g : nat -> bool) (s v : nat -> R) (t : nat)
+    (mnext : nat -> ext R -> ext R) (m0 M : ext R) (T : nat),
+  online_max_ok g t mnext T ->
+  (forall j, j < T * t -> M = NInf -> g j = false) ->
+  div (st_acc (onlineFoldG g s v t mnext m0 T)) (st_l (onlineFoldG g s v t mnext m0 T))
+  = div (sumTo (T * t) (fun j => mul (if g j then expd (Fin (s j)) M else zero) (v j)))
+        (sumTo (T * t) (fun j => if g j then expd (Fin (s j)) M else zero))
+  /\ ((forall j, j < T * t -> g j = false) ->
+      div (st_acc (onlineFoldG g s v t mnext m0 T)) (st_l (onlineFoldG g s v t mnext m0 T))
+      = zero).
+Proof.
+  intros g s v t mnext m0 M T Hok HM.
+  pose proof (online_invariant g s v t mnext m0 T Hok) as Hinv. unfold onlineInv in Hinv.
+  assert (Hmasked : (forall j, j < T * t -> g j = false) ->
+            div (st_acc (onlineFoldG g s v t mnext m0 T)) (st_l (onlineFoldG g s v t mnext m0 T))
+            = zero).
+  { intros Hg. destruct (st_m (onlineFoldG g s v t mnext m0 T)) as [x|].
+    - destruct Hinv as [Hl Ha]. rewrite Hl, Ha.
+      rewrite (sumTo_zero_ext _ (eg g s)) by (intros j Hj; unfold eg; rewrite (Hg j Hj); reflexivity).
+      rewrite (sumTo_zero_ext _ (fun j => mul (eg g s j) (v j)))
+        by (intros j Hj; unfold eg; rewrite (Hg j Hj); apply mul_0_l).
+      rewrite mul_0_r. apply div_zero_zero.
+    - destruct Hinv as [Hl [Ha _]]. rewrite Hl, Ha. apply div_zero_zero. }
+  split; [| exact Hmasked].
+  destruct M as [mu|].
+  - (* a finite shift *)
+    rewrite (sumTo_ext (T * t) (fun j => mul (if g j then expd (Fin (s j)) (Fin mu) else zero) (v j))
+               (fun j => mul (mul (eg g s j) (exp (neg mu))) (v j)))
+      by (intros j Hj; rewrite weight_fin; reflexivity).
+    rewrite (sumTo_ext (T * t) (fun j => if g j then expd (Fin (s j)) (Fin mu) else zero)
+               (fun j => mul (eg g s j) (exp (neg mu))))
+      by (intros j Hj; apply weight_fin).
+    rewrite (ratio_scale (T * t) (eg g s) v (exp (neg mu)) (exp_ne_zero (neg mu))).
+    destruct (st_m (onlineFoldG g s v t mnext m0 T)) as [x|].
+    + destruct Hinv as [Hl Ha]. rewrite Hl, Ha. apply div_cancel_l. apply exp_ne_zero.
+    + destruct Hinv as [Hl [Ha Hg]]. rewrite Hl, Ha, div_zero_zero.
+      rewrite (sumTo_zero_ext _ (eg g s)) by (intros j Hj; unfold eg; rewrite (Hg j Hj); reflexivity).
+      rewrite (sumTo_zero_ext _ (fun j => mul (eg g s j) (v j)))
+        by (intros j Hj; unfold eg; rewrite (Hg j Hj); apply mul_0_l).
+      symmetry. apply div_zero_zero.
+  - (* shift -inf: every key is masked, both sides are 0 / 0 *)
+    assert (Hg : forall j, j < T * t -> g j = false) by (intros j Hj; exact (HM j Hj eq_refl)).
+    rewrite (Hmasked Hg).
+    rewrite (sumTo_zero_ext _ (fun j => mul (if g j then expd (Fin (s j)) NInf else zero) (v j)))
+      by (intros j Hj; rewrite (Hg j Hj); apply mul_0_l).
+    rewrite (sumTo_zero_ext _ (fun j => if g j then expd (Fin (s j)) NInf else zero))
+      by (intros j Hj; rewrite (Hg j Hj); reflexivity).
+    symmetry. apply div_zero_zero.
+Qed.
+
+(* ONLINE-AGG, unmasked: every tile has live keys, so the running max must be finite *)
+Theorem online_agg : forall (s v : nat -> R) (t : nat) (mnext : nat -> ext R -> ext R)
+    (m0 : ext R) (M : R) (T : nat),
+  (forall o m, o < T -> mnext o m <> NInf) ->
+  div (st_acc (onlineFold s v t mnext m0 T)) (st_l (onlineFold s v t mnext m0 T))
+  = div (sumTo (T * t) (fun j => mul (exp (sub (s j) M)) (v j)))
+        (sumTo (T * t) (fun j => exp (sub (s j) M))).
+Proof.
+  intros s v t mnext m0 M T Hm. unfold onlineFold.
+  destruct (online_agg_guard (fun _ => true) s v t mnext m0 (Fin M) T) as [E _].
+  - intros o m Ho E. exfalso. exact (Hm o m Ho E).
+  - intros j Hj E. discriminate E.
+  - rewrite E. reflexivity.
 Qed.
 
 End Online.

@@ -11,7 +11,7 @@ Proof.
   - rewrite Nat.mul_succ_l, sumTo_app, IH, sumTo_S. reflexivity.
 Qed.
 
-Theorem maxTo_tile {R : Type} `{KAlg R} : forall (n t : nat) (f : nat -> R),
+Theorem maxTo_tile {R : Type} `{KAlg R} : forall (n t : nat) (f : nat -> ext R),
   maxTo (n * t) f = maxTo n (fun o => maxTo t (fun i => f (o * t + i))).
 Proof.
   intros n t f. induction n as [|n IH].
@@ -33,7 +33,7 @@ Proof.
   - exact (sumTo_tile n t (fun p => if Nat.ltb p N then f p else zero)).
 Qed.
 
-Theorem maxTo_tile_guard {R : Type} `{KAlg R} : forall (N n t : nat) (f : nat -> R),
+Theorem maxTo_tile_guard {R : Type} `{KAlg R} : forall (N n t : nat) (f : nat -> ext R),
   N <= n * t ->
   maxTo N f =
   maxTo n (fun o => maxTo t (fun i => if Nat.ltb (o * t + i) N then f (o * t + i) else ninf)).
@@ -56,7 +56,7 @@ Proof.
   intros N t f Ht. apply sumTo_tile_guard. apply ceilDiv_ge. exact Ht.
 Qed.
 
-Theorem maxTo_tile_ceil {R : Type} `{KAlg R} : forall (N t : nat) (f : nat -> R),
+Theorem maxTo_tile_ceil {R : Type} `{KAlg R} : forall (N t : nat) (f : nat -> ext R),
   0 < t ->
   maxTo N f =
   maxTo (ceilDiv N t) (fun o => maxTo t (fun i => if Nat.ltb (o * t + i) N then f (o * t + i) else ninf)).

@@ -44,9 +44,9 @@ Qed.
 
 (* a row max (softmax statistics) tiled with the -inf guard *)
 Theorem step05_TILE : forall (N : nat) (S : nat -> nat -> R) (i : nat),
-  maxTo N (fun j => S i j)
+  maxTo N (fun j => Fin (S i j))
   = maxTo (ceilDiv N 64)
-      (fun o => maxTo 64 (fun jj => if Nat.ltb (o * 64 + jj) N then S i (o * 64 + jj) else ninf)).
+      (fun o => maxTo 64 (fun jj => if Nat.ltb (o * 64 + jj) N then Fin (S i (o * 64 + jj)) else ninf)).
 Proof.
   intros N S i. apply maxTo_tile_ceil. lia.
 Qed.

@@ -1,0 +1,175 @@
+"""Shared parts of the per-step obligation exporter (compiler/obligations.py): the theorem and
+obligation records, path / binder helpers, and the Coq / Lean file texts."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .ir import Def, Expr, Fold, Let, Program, Reduce, Select, Softmax, children
+from .obligations_terms import Exporter, Term, render
+
+COQ_HEADER = """From Coq Require Import Arith Lia Bool Ring.
+Require Import Derivc.All.
+"""
+
+
+@dataclass
+class Thm:
+    name: str
+    binders: list[tuple[str, Any]]  # (name, 'nat' | arity)
+    hyps: list[Term]
+    concl: Term
+    proof: str
+    lean_proof: str = "by\n  intros\n  derivc_congr"
+
+
+@dataclass
+class Obligation:
+    step: int
+    rule: str
+    kind: str
+    theorem: str
+    thms: list[Thm] = field(default_factory=list)
+    status: str = "full"  # full | partial | not generated
+    checked: str = ""
+    unchecked: str = ""
+    before: str = ""
+    after: str = ""
+    notes: list[str] = field(default_factory=list)
+    consts: dict[str, str] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _find_path(e: Expr, target: Expr) -> list[int] | None:
+    if e is target:
+        return []
+    for k, c in enumerate(children(e)):
+        p = _find_path(c, target)
+        if p is not None:
+            return [k] + p
+    return None
+
+
+def _at_path(e: Expr, path: list[int]) -> Expr:
+    for k in path:
+        e = children(e)[k]
+    return e
+
+
+def _path_hyps(ex: Exporter, root: Expr, path: list[int]) -> list[Term]:
+    """Bounds of the binders enclosing the node at `path`, and enclosing select conditions."""
+    hyps: list[Term] = []
+    e = root
+    for k in path:
+        if isinstance(e, (Reduce, Softmax)):
+            hyps.append(("lt", ex.idx_var(e.var, {}), ex.ext(e.ext, {})))
+        elif isinstance(e, Select) and k == 0:
+            hyps += [ex.cond_prop(c, {}) for c in e.conds]
+        elif isinstance(e, Let) and k == 0:
+            hyps += [("lt", ex.idx_var(v, {}), ex.ext(x, {})) for v, x in e.bind.dims]
+        elif isinstance(e, Fold):
+            ns = len(e.state)
+            nb = len(e.binds)
+            if ns <= k < ns + nb + ns:
+                hyps.append(("lt", ex.idx_var(e.var, {}), ex.ext(e.ext, {})))
+            if ns <= k < ns + nb:
+                hyps += [("lt", ex.idx_var(v, {}), ex.ext(x, {})) for v, x in e.binds[k - ns].dims]
+        e = children(e)[k]
+    return hyps
+
+
+def _def_hyps(ex: Exporter, d: Def, env: dict | None = None) -> list[Term]:
+    env = env or {}
+    hyps = [("lt", ex.idx_var(lp.var, env), ex.ext(lp.ext, env)) for lp in d.loops]
+    hyps += [ex.cond_prop(c, env) for c in d.guard]
+    return hyps
+
+
+def _binders(ex: Exporter, exclude: set[str] = frozenset()) -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = [(n, "nat") for n in ex.nat_vars if n not in exclude]
+    out += [(n, ex.arity_type(n, a)) for n, a in sorted(ex.tensors.items())]
+    out += [(n, ex.arity_type(n, a)) for n, a in sorted(ex.bufs.items())]
+    out += [(n, 0) for n in ex.consts]
+    return out
+
+
+def _def_pair(before: Program, after: Program, name: str) -> tuple[Def, Def]:
+    return before.def_named(name), after.def_named(name)
+
+
+def _exporter(before: Program, after: Program, inline: dict[str, Def] | None = None) -> Exporter:
+    ex = Exporter(after, inline=dict(inline or {}), other=before)
+    ex.extra_tensors = {n for n, _ in before.inputs} | {d.name for d in before.defs}
+    return ex
+
+
+def _lam_of(t: Term) -> Term:
+    """The function argument of sumTo/maxTo n f."""
+    assert t[0] == "app" and t[1] in ("sumTo", "maxTo"), t
+    return t[2][1]
+
+
+def _c(t: Term) -> str:
+    return render(t, "coq")
+
+
+
+
+def _eq_thm(name: str, ex: Exporter, b: Term, a: Term, hyps: list[Term], proof: str) -> Thm:
+    return Thm(name, _binders(ex), hyps, ("eq", b, a), proof)
+
+
+def _ob(rec, theorem: str, **kw) -> Obligation:
+    return Obligation(rec.index, rec.rule, rec.kind, theorem, **kw)
+
+
+def _thm_name(rec, suffix: str = "") -> str:
+    return f"step{rec.index:02d}_{rec.kind.replace('-', '_')}{suffix}"
+
+
+# --------------------------------------------------------------------------- files
+
+
+def _statement(t: Thm, lang: str) -> str:
+    body = ("imp", t.hyps, t.concl) if t.hyps else t.concl
+    return render(("forall", t.binders, body), lang)
+
+
+def coq_text(ob: Obligation) -> str:
+    sec = f"Step{ob.step:02d}"
+    out = [f"(* derivc obligation: step {ob.step}, rule {ob.rule} ({ob.kind}), theorem {ob.theorem}.",
+           f"   status: {ob.status}",
+           f"   checked: {ob.checked}"]
+    if ob.unchecked:
+        out.append(f"   NOT checked: {ob.unchecked}")
+    if ob.consts:
+        out.append("   constants: " + ", ".join(f"{k} = {v}" for k, v in ob.consts.items()))
+    out.append("   before/after terms are exported from IR_{k-1} / IR_k; see index.json. *)")
+    out.append(COQ_HEADER)
+    out.append(f"Section {sec}.\nContext {{R : Type}} {{KA : KAlg R}}.\n"
+               f"Add Ring derivc_ring : (@kalg_ring R KA).\n")
+    for t in ob.thms:
+        out.append(f"Theorem {t.name} :\n  {_statement(t, 'coq')}.\nProof.\n  {t.proof}\nQed.\n")
+    out.append(f"End {sec}.\n")
+    return "\n".join(out)
+
+
+def lean_text(ob: Obligation) -> str:
+    out = [f"/- derivc obligation: step {ob.step}, rule {ob.rule} ({ob.kind}), theorem {ob.theorem}.",
+           f"   status: {ob.status} (Coq); the Lean statement mirrors StepNN.v and has NOT been",
+           "   checked in this environment (no Lean toolchain).",
+           f"   checked (Coq): {ob.checked} -/",
+           "import Derivc", "", "namespace Derivc", "open Derivc", "",
+           "variable {R : Type} [KAlg R]", ""]
+    for t in ob.thms:
+        out.append(f"theorem {t.name} :\n    {_statement(t, 'lean')} := {t.lean_proof}\n")
+    out.append("end Derivc\n")
+    return "\n".join(out)
+
+
+def _failed_text(step: int, rule: str, reason: str) -> str:
+    return (f"(* derivc obligation for step {step} ({rule}) could NOT be generated:\n   "
+            f"{reason.replace('*)', '* )')}\n   This file fails coqc on purpose. *)\n"
+            "Fail_obligation_not_generated.\n")

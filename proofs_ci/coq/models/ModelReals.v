@@ -1,0 +1,27 @@
+(* The intended model of the algebra: Coq's real numbers, the real exponential, the real
+   max (whose unit -infinity is ext's NInf), the total inverse (/ 0 = 0 in Coq >= 8.16, the
+   interpreter's x / 0 = 0).  `undef` (the value of +inf / NaN results) is set to 0 here;
+   nothing in the library depends on it.  This file uses the axioms of Coq's standard
+   real numbers; the library itself does not (it is only an instance). *)
+From Coq Require Import Reals.
+Require Import Derivc.All.
+
+#[local] Instance reals_kalg : KAlg R := {|
+  zero := 0%R; one := 1%R; add := Rplus; mul := Rmult; neg := Ropp; inv := Rinv;
+  exp := Rtrigo_def.exp; rmax := Rmax; undef := 0%R;
+  add_assoc := Rplus_assoc; add_comm := Rplus_comm; add_zero := Rplus_0_r;
+  add_neg := Rplus_opp_r; mul_assoc := Rmult_assoc; mul_comm := Rmult_comm;
+  mul_one := Rmult_1_r; mul_add := Rmult_plus_distr_l; one_ne_zero := R1_neq_R0;
+  mul_inv := Rinv_r; inv_mul_distrib := Rinv_mult; exp_add := exp_plus; exp_zero := exp_0;
+  rmax_assoc := fun a b c => eq_sym (Rmax_assoc a b c); rmax_comm := Rmax_comm
+|}.
+
+(* in this model -inf is max's unit and exp (-inf) = 0 *)
+Example reals_max_unit : forall x : R, max ninf (Fin x) = Fin x.
+Proof. reflexivity. Qed.
+
+Example reals_exp_ninf : eexp (R := R) ninf = 0%R.
+Proof. reflexivity. Qed.
+
+(* the online aggregation theorem holds in the intended model *)
+Example reals_online_agg := @online_agg_guard R reals_kalg.
