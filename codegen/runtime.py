@@ -62,6 +62,8 @@ class CompiledKernel:
             kinds = "p" * len(v.launch.tensor_args) + "i" * len(v.launch.size_args) + "p" * len(v.launch.extras)
             self._fns.append(DriverKernel(cubin, v.source.entry, v.launch.smem_bytes, kinds))
         self._torch_dtypes: dict[str, Any] = {}
+        self._torch_wants: tuple | None = None  # per-input torch dtypes, once a torch call was checked
+        self._torch_out: Any = None
         self._ins = self.kernel.inputs
         self._out = self.kernel.output
         self._host = mapping_named(printed.mapping).host
@@ -122,11 +124,8 @@ class CompiledKernel:
 
     # -- arguments ------------------------------------------------------------------------
     def _view(self, x: Any, t) -> tuple[int, tuple[int, ...], str, int]:
-        if hasattr(x, "data_ptr"):  # a torch tensor: the checks a call needs, nothing more
-            want = self._torch_dtypes.get(t.dtype)
-            if want is None:
-                import torch
-                want = self._torch_dtypes[t.dtype] = getattr(torch, DTYPES[t.dtype].torch)
+        if hasattr(x, "data_ptr"):  # a torch tensor
+            want = self._torch_dtype(t.dtype)
             if x.dtype is not want:
                 raise ValueError(f"{t.name}: dtype {x.dtype}, kernel expects {t.dtype}")
             if not x.is_contiguous():
@@ -152,11 +151,17 @@ class CompiledKernel:
             raise ValueError(f"{t.name}: data pointer must be {_ALIGN}-byte aligned")
         return view
 
+    def _torch_dtype(self, dtype: str) -> Any:
+        want = self._torch_dtypes.get(dtype)
+        if want is None:
+            import torch
+            want = self._torch_dtypes[dtype] = getattr(torch, DTYPES[dtype].torch)
+        return want
+
     @staticmethod
     def _stream(kind: str, dev: int) -> int:
         if kind == "torch":
-            import torch
-            return torch._C._cuda_getCurrentRawStream(dev)
+            return _torch_stream(dev)
         import cupy
         return cupy.cuda.get_current_stream().ptr
 
@@ -173,6 +178,43 @@ class CompiledKernel:
         return int(got.data.ptr)
 
     def __call__(self, *xs: Any, out: Any = None) -> Any:
+        fast = self._call_torch(xs, out)
+        return fast if fast is not None else self._call(xs, out)
+
+    def _call_torch(self, xs: tuple, out: Any) -> Any:
+        """The common call: torch tensors on the kernel's device, an output given or not,
+        a shape seen before, no TMA maps.  None sends the call to the checking path."""
+        wants = self._torch_wants
+        if wants is None or len(xs) != len(wants) or self._host is not None:
+            return None
+        ptrs, shapes = [], []
+        dev = self.device
+        try:
+            for x, want in zip(xs, wants):
+                if x.dtype is not want or not x.is_contiguous() or x.get_device() != dev:
+                    return None
+                p = x.data_ptr()
+                if p & 15:
+                    return None
+                ptrs.append(p)
+                shapes.append(x.shape)
+            geo = self._shapes.get(tuple(shapes))
+            if geo is None or geo.empty:
+                return None
+            if out is None:
+                out = self._empty("torch", dev, geo.out_shape)
+            elif (out.dtype is not self._torch_out or not out.is_contiguous() or out.get_device() != dev
+                  or out.shape != geo.out_shape or out.data_ptr() & 15):
+                return None
+        except AttributeError:  # not torch tensors
+            return None
+        launch = self.printed.variants[0].launch
+        ptrs.append(out.data_ptr())
+        self._fns[0].launch(geo.grids[0], launch.threads, launch.smem_bytes, _torch_stream(dev),
+                            (*ptrs, *geo.size_args))
+        return out
+
+    def _call(self, xs: tuple, out: Any) -> Any:
         if len(xs) != len(self._ins):
             raise ValueError(f"expected {len(self._ins)} inputs ({', '.join(t.name for t in self._ins)}), got {len(xs)}")
         views = [self._view(x, t) for x, t in zip(xs, self._ins)]
@@ -184,6 +226,9 @@ class CompiledKernel:
             raise ValueError(f"inputs are on device {dev}, the kernel was loaded on device {self.device}")
         shapes = tuple(tuple(v[1]) for v in views)
         geo = self._shapes.get(shapes) or self._shape(shapes)
+        if kind == "torch" and self._torch_wants is None:
+            self._torch_wants = tuple(self._torch_dtype(t.dtype) for t in self._ins)
+            self._torch_out = self._torch_dtype(self._out.dtype)
         if out is None:
             out = self._empty(kind, dev, geo.out_shape)
         ov = self._view(out, self._out)
@@ -227,3 +272,13 @@ def _current_device() -> int:
     import cupy
     cupy.cuda.runtime.free(0)  # initialise the runtime's primary context on this thread
     return cupy.cuda.runtime.getDevice()
+
+
+_RAW_STREAM: list = []  # torch's current-stream getter, looked up once
+
+
+def _torch_stream(dev: int) -> int:
+    if not _RAW_STREAM:
+        import torch
+        _RAW_STREAM.append(torch._C._cuda_getCurrentRawStream)
+    return _RAW_STREAM[0](dev)

@@ -119,7 +119,7 @@ def attention_case(rng: random.Random, idx: int) -> Case:
     mapping = rng.choice(["simt", "mma_sync", "mma_sync", "wgmma"])
     dtype = rng.choice(["f16", "bf16"]) if mapping != "simt" else rng.choice(["f16", "f32"])
     d = rng.choice([64, 128]) if mapping != "simt" else rng.choice([16, 32, 64])
-    layout = "bhnd" if mapping != "simt" or rng.random() < 0.5 else "bnhd"
+    layout = "bnhd" if rng.random() < (0.5 if mapping == "simt" else 0.15) else "bhnd"
     mask = rng.choice([None, *MASKS_CAUSAL, *MASKS_CAUSAL, *MASKS_OTHER])
     bn = {"simt": rng.choice([16, 32]), "mma_sync": 64, "wgmma": 128}[mapping]
     bm = {"simt": rng.choice([16, 32]), "mma_sync": rng.choice([64, 128]), "wgmma": 128}[mapping]

@@ -9,16 +9,15 @@ import os
 
 import pytest
 
-from codegen.nvrtc import nvrtc_available
 from specgen import cases, build_case
 
-N_CASES = int(os.environ.get("DERIVC_DIFF_CASES", "16"))
+N_CASES = int(os.environ.get("DERIVC_DIFF_CASES", "12"))
 CASES = cases(N_CASES, seed=int(os.environ.get("DERIVC_DIFF_SEED", "11")))
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_generated_case_builds_with_the_expected_mapping(case, tmp_path):
-    code, err, out = build_case(case, tmp_path, codegen=nvrtc_available() or True)
+    code, err, out = build_case(case, tmp_path)
     if case.mapping == "refuse":
         assert code == 3, f"expected a refusal, got exit {code}"
         assert case.refusal in err, err
