@@ -37,7 +37,7 @@ from typing import Any
 
 from .ir import Aff, Bin, Def, Expr, Fold, Program, Read, Reduce, Select, Softmax, Un
 from .obligations_base import (
-    Obligation, Thm, _at_path, _binders, _c, _def_hyps, _def_pair, _eq_thm, _exporter,
+    LEAN_PROPS, Obligation, Thm, _at_path, _binders, _c, _def_hyps, _l, _def_pair, _eq_thm, _exporter,
     _failed_text, _find_path, _lam_of, _ob, _path_hyps, _thm_name, coq_text, lean_text,
 )
 from .obligations_frame import others_thm, site_frame, store_frame
@@ -83,8 +83,10 @@ def ob_tile(rec, before: Program, after: Program) -> Obligation:
     inst = f"{thm} ({_c(b[2][0])}) ({_c(n_outer)}) {p.size} ({_c(_lam_of(b))})"
     proof = (f"intros.\n  etransitivity.\n  {{ apply ({inst}). first [ apply ceilDiv_ge; lia | lia ]. }}\n"
              f"  derivc_congr.")
+    lean = (f"by\n  intros\n  refine Eq.trans ({thm} ({_l(b[2][0])}) ({_l(n_outer)}) {p.size} ({_l(_lam_of(b))})\n"
+            f"    (by first | exact ceilDiv_ge _ _ (by omega) | omega)) ?_\n  derivc_congr")
     ob = _ob(rec, thm, checked="the tiled reduction (outer x inner with guard) equals the original")
-    ob.thms.append(_eq_thm(_thm_name(rec), ex, b, a, hyps, proof))
+    ob.thms.append(_eq_thm(_thm_name(rec), ex, b, a, hyps, proof, lean))
     ob.before, ob.after = _c(b), _c(a)
     return _finish(ob, ex)
 
@@ -142,6 +144,15 @@ def ob_tile_loop(rec, before: Program, after: Program) -> Obligation:
              f"    pose proof (gen_tile (fun x : nat => x) {t} {pv} ltac:(lia)) as Hg. cbv beta in Hg.\n"
              f"    pose proof (Nat.mod_upper_bound {pv} {t} ltac:(lia)).\n"
              f"    exists ({pv} / {t}), ({pv} mod {t}). repeat split; lia.")
+    cover_l = (f"    have _hcov := tile_cover {pv} ({_l(E)}) {t} (by omega) (by omega)\n"
+               "    simp only [ceilDiv] at *\n" if Eo[0] == "app" and Eo[1] == "ceilDiv" else "")
+    lean = ("by\n  intros\n  refine ⟨?_, ?_⟩\n"
+            "  · intros\n    repeat' (first | apply And.intro)\n    all_goals first | omega | derivc_congr\n"
+            f"  · intros\n{cover_l}"
+            f"    have _hg : {pv} / {t} * {t} + {pv} % {t} = {pv} := gen_tile (fun x : Nat => x) {t} {pv} (by omega)\n"
+            f"    have _hm := Nat.mod_lt {pv} (by omega : 0 < {t})\n"
+            f"    refine ⟨{pv} / {t}, {pv} % {t}, ?_⟩\n"
+            "    repeat' (first | apply And.intro)\n    all_goals omega")
     ex.nat_vars.pop(pv, None)
     binders = [("i_" + x.var, "nat") for x in other] + _binders(
         ex, exclude={"i_" + x for x in (outer, inner, p.index)} | {"i_" + x.var for x in other})
@@ -152,7 +163,7 @@ def ob_tile_loop(rec, before: Program, after: Program) -> Obligation:
         "every element p < extent of the untiled nest is written (tile_cover, gen_tile)"))
     if div != 1:
         ob.status, ob.unchecked = "partial", f"extent {lp.ext} has a divisor: the cover proof may not apply"
-    ob.thms.append(Thm(_thm_name(rec), binders, top_hyps, concl, proof))
+    ob.thms.append(Thm(_thm_name(rec), binders, top_hyps, concl, proof, lean))
     ob.before, ob.after = _c(ex.expr(bd.body, env_bp)), _c(ex.expr(ad.body, env_a))
     return _finish(ob, ex)
 
@@ -187,7 +198,11 @@ def ob_nest(rec, before: Program, after: Program, theorem: str) -> Obligation:
         "the loop nest iterates the same points (bounds and guards), each point stores the same "
         "value at the same index, and the store index is injective on the nest, so the writes "
         "commute (the hypothesis of parallel_writes)"))
-    ob.thms.append(Thm(_thm_name(rec), _binders(ex), [], conj([p1, p2, p3]), proof))
+    lean = ("by\n  refine ⟨?_, ?_, ?_⟩\n"
+            "  · intros\n    apply Iff.intro <;> (intro _; repeat' (first | apply And.intro); all_goals omega)\n"
+            "  · intros\n    repeat' (first | apply And.intro)\n    all_goals first | omega | derivc_congr\n"
+            "  · intros\n    repeat' (first | apply And.intro)\n    all_goals omega")
+    ob.thms.append(Thm(_thm_name(rec), _binders(ex), [], conj([p1, p2, p3]), proof, lean))
     ob.before = "loops " + ", ".join(f"{x.var} < {x.ext}" for x in bd.loops)
     ob.after = "loops " + ", ".join(f"{x.var} < {x.ext}" + (f" @{x.mapping}" if x.mapping else "") for x in ad.loops)
     return _finish(ob, ex)
@@ -213,8 +228,10 @@ def ob_reorder(rec, before: Program, after: Program) -> Obligation:
     thm = "sumTo_swap"
     inst = f"{thm} ({_c(b[2][0])}) ({_c(inner[2][0])}) ({_c(fn)})"
     proof = f"intros.\n  etransitivity.\n  {{ exact ({inst}). }}\n  derivc_congr."
+    lean = (f"by\n  intros\n  refine Eq.trans ({thm} ({_l(b[2][0])}) ({_l(inner[2][0])}) ({_l(fn)})) ?_\n"
+            "  derivc_congr")
     ob = _ob(rec, thm, checked="the two nested reductions commute (finite Fubini)")
-    ob.thms.append(_eq_thm(_thm_name(rec), ex, b, a, hyps, proof))
+    ob.thms.append(_eq_thm(_thm_name(rec), ex, b, a, hyps, proof, lean))
     ob.before, ob.after = _c(b), _c(a)
     return _finish(ob, ex)
 
@@ -226,8 +243,10 @@ def ob_split(rec, before: Program, after: Program) -> Obligation:
     thm = "sumTo_split" if site.op == "sum" else "maxTo_app"
     inst = f"{thm} {f['first']} {f['second_extent']} ({_c(_lam_of(b))})"
     proof = f"intros.\n  etransitivity.\n  {{ exact ({inst}). }}\n  derivc_congr."
+    lean = (f"by\n  intros\n  refine Eq.trans ({thm} {f['first']} {f['second_extent']} ({_l(_lam_of(b))})) ?_\n"
+            "  derivc_congr")
     ob = _ob(rec, "sumTo_split", checked="the reduction over [0, a+b) = [0, a) combined with [a, a+b)")
-    ob.thms.append(_eq_thm(_thm_name(rec), ex, b, a, hyps, proof))
+    ob.thms.append(_eq_thm(_thm_name(rec), ex, b, a, hyps, proof, lean))
     ob.before, ob.after = _c(b), _c(a)
     return _finish(ob, ex)
 
@@ -293,8 +312,9 @@ def ob_assoc(rec, before: Program, after: Program) -> Obligation:
     f = rec.raw_facts
     ex, b, a, hyps = _site(rec, before, after, rec.parsed.def_, f["site"])
     proof = "intros.\n  derivc_red.\n  repeat rewrite <- sumTo_factor.\n  derivc_congr."
+    lean = "by\n  intros\n  derivc_red\n  repeat rw [← sumTo_factor]\n  derivc_congr"
     ob = _ob(rec, "sumTo_factor", checked="the factor moved out of the sum (division as mul/inv)")
-    ob.thms.append(_eq_thm(_thm_name(rec), ex, b, a, hyps, proof))
+    ob.thms.append(_eq_thm(_thm_name(rec), ex, b, a, hyps, proof, lean))
     ob.before, ob.after = _c(b), _c(a)
     return _finish(ob, ex)
 
@@ -308,8 +328,12 @@ def ob_split_softmax(rec, before: Program, after: Program) -> Obligation:
     m_read = ex.expr(Read(f["max"], row), {})
     if site.mask:
         lemma = f"softmaxAtG_shift _ _ _ _ ({_c(m_read)})"
+        lemma_l = f"softmaxAtG_shift _ _ _ _ ({_l(m_read)})"
     else:
         lemma = f"softmaxAt_shift _ _ _ ({_c(m_read)})"
+        lemma_l = f"softmaxAt_shift _ _ _ ({_l(m_read)})"
+    lean = (f"by\n  intros\n  refine Eq.trans ({lemma_l} (by omega) (fun k_ _ => by derivc_valid k_)) ?_\n"
+            "  derivc_congr")
     # the shift is the row max: -inf only where every key is masked (derivc_valid)
     proof = (f"intros.\n  etransitivity.\n  {{ apply ({lemma}); [ lia | intros k_ Hk_; derivc_valid k_ ]. }}\n"
              "  derivc_congr.")
@@ -317,7 +341,7 @@ def ob_split_softmax(rec, before: Program, after: Program) -> Obligation:
         f"one element of the {'masked ' if site.mask else ''}softmax equals exp(s - {f['max']}) / "
         f"{f['sum']} with {f['sum']} and {f['max']} inlined from their new definitions; any shift is "
         f"exact as long as it is defined: {f['max']} is -inf only where every key is masked"))
-    ob.thms.append(_eq_thm(_thm_name(rec), ex, b, a, hyps, proof))
+    ob.thms.append(_eq_thm(_thm_name(rec), ex, b, a, hyps, proof, lean))
     ob.before, ob.after = _c(b), _c(a)
     return _finish(ob, ex)
 
@@ -385,13 +409,25 @@ def ob_online_agg(rec, before: Program, after: Program) -> Obligation:
              f"    derivc_congr.\n"
              f"  - rewrite onlineFoldG_foldN.\n"
              f"    derivc_congr.")
+    fo_l = f"onlineFoldG ({_l(G)}) ({_l(S)}) ({_l(Vf)}) {_l(T)} ({_l(mnext)}) Ext.ninf ({_l(E)})"
+    lean = (f"by\n  intros\n"
+            f"  have Hmn_ : online_max_ok ({_l(G)}) {_l(T)} ({_l(mnext)}) ({_l(E)}) := by derivc_mnext\n"
+            f"  have HM_ : ∀ j_, j_ < ({_l(E)}) * {_l(T)} → {_l(M)} = Ext.ninf → ({_l(G)}) j_ = false := by\n"
+            f"    intro j_ _\n    derivc_valid j_\n"
+            f"  refine Eq.trans (b := div (OState.st_acc ({fo_l})) (OState.st_l ({fo_l}))) ?_ ?_\n"
+            f"  · rw [(online_agg_guard ({_l(G)}) ({_l(S)}) ({_l(Vf)}) {_l(T)} ({_l(mnext)}) Ext.ninf ({_l(M)})"
+            f" ({_l(E)}) Hmn_ HM_).1]\n"
+            f"    rw [sumTo_tile ({_l(E)}) {_l(T)}, sumTo_tile ({_l(E)}) {_l(T)}]\n"
+            f"    derivc_congr\n"
+            f"  · rw [onlineFoldG_foldN]\n"
+            f"    derivc_congr")
     ob = _ob(rec, "online_agg_guard", checked=(
         f"the quotient of the tiled numerator and {l_def.name} (inlined) equals the IR's fold: "
         "its step is matched, field by field, against onlineStepW of onlineFoldG (masked weights "
         "exp(s - m'), rescale of l and acc by rescale(m, m'), running max = the IR's own m_new, "
         "which is shown to be -inf only while every key so far is masked; the shift M (inlined) "
         "is -inf only when every key is masked; a fully masked row gives 0)"))
-    ob.thms.append(_eq_thm(_thm_name(rec), ex, b, a, hyps, proof))
+    ob.thms.append(_eq_thm(_thm_name(rec), ex, b, a, hyps, proof, lean))
     ob.thms.append(store_frame(rec, before, after, p.def_))
     ob.before, ob.after = _c(b), _c(a)
     return _finish(ob, ex)
@@ -401,25 +437,32 @@ def ob_mask(rec, before: Program, after: Program) -> Obligation:
     p, f = rec.parsed, rec.raw_facts
     site = f["site"]
     ex, b, a, hyps = _site(rec, before, after, p.def_, site)
-    facts = []
+    facts, facts_l = [], []
     for num, t in f["bounds"]:
         if num.names() and t > 1:
             facts.append(f"pose proof (ceilDiv_ge ({_c(ex.aff(num, {}))}) {t} ltac:(lia)).")
+            facts_l.append(f"have := ceilDiv_ge ({_l(ex.aff(num, {}))}) {t} (by omega)\n  ")
     facts_s = " ".join(facts)
+    facts_ls = "".join(facts_l) + ("simp only [ceilDiv] at *\n  " if facts_l else "")
     kill = "derivc_red; repeat (derivc_split; derivc_red; try (exfalso; lia)); reflexivity"
     if isinstance(site, Fold):
         if len(site.state) != 3:
             raise ExportError("MASK on a fold other than online aggregation")
         proof = f"intros. {facts_s}\n  derivc_congr."
+        lean = f"by\n  intros\n  {facts_ls}derivc_congr"
     else:
         lemma = "sumTo_guard_trunc" if site.op == "sum" else "maxTo_trunc"
         K = a[2][0]
         proof = (f"intros.\n  etransitivity.\n  {{ apply ({lemma} ({_c(b[2][0])}) ({_c(K)}) ({_c(_lam_of(b))})).\n"
                  f"    - intros j Hj1 Hj2. {facts_s} {kill}.\n    - lia. }}\n  derivc_congr.")
+        lean = (f"by\n  intros\n  refine Eq.trans ({lemma} ({_l(b[2][0])}) ({_l(K)}) ({_l(_lam_of(b))}) ?_ (by omega)) ?_\n"
+                f"  · intro j _ _\n  {facts_ls.replace(chr(10) + '  ', chr(10) + '    ')}  derivc_red\n"
+                "    derivc_cases\n    all_goals first | rfl | (exfalso; omega)\n"
+                "  · derivc_congr")
     ob = _ob(rec, "sumTo_guard_trunc", checked=(
         "the iterations beyond the new bound are fully masked: they add zero (sum), -inf (max) or "
         "leave the online-aggregation state (m, l, acc) unchanged (fold)"))
-    ob.thms.append(_eq_thm(_thm_name(rec), ex, b, a, hyps, proof))
+    ob.thms.append(_eq_thm(_thm_name(rec), ex, b, a, hyps, proof, lean))
     ob.before, ob.after = _c(b), _c(a)
     return _finish(ob, ex)
 
@@ -437,8 +480,10 @@ def ob_map_mma(rec, before: Program, after: Program) -> Obligation:
         inst = f"mma_tile {n[1] // 16} ({_c(_lam_of(b))})"
         ob = _ob(rec, "mma_tile", checked=(
             "the k-sum equals its tensor-core grouping: chunks of 16 added in the mma16 order"))
+        lean = (f"by\n  intros\n  refine Eq.trans (mma_tile {n[1] // 16} ({_l(_lam_of(b))})) ?_\n"
+                "  derivc_congr")
         ob.thms.append(_eq_thm(_thm_name(rec), ex, b, a, hyps,
-                               f"intros.\n  etransitivity.\n  {{ exact ({inst}). }}\n  derivc_congr."))
+                               f"intros.\n  etransitivity.\n  {{ exact ({inst}). }}\n  derivc_congr.", lean))
     ob.before, ob.after = _c(b), _c(a)
     return _finish(ob, ex)
 

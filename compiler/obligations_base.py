@@ -20,7 +20,7 @@ class Thm:
     hyps: list[Term]
     concl: Term
     proof: str
-    lean_proof: str = "by\n  intros\n  derivc_congr"
+    lean_proof: str = "by\n  intros\n  derivc_congr"  # mirrors `proof` (Lean not checked here)
 
 
 @dataclass
@@ -117,8 +117,20 @@ def _c(t: Term) -> str:
 
 
 
-def _eq_thm(name: str, ex: Exporter, b: Term, a: Term, hyps: list[Term], proof: str) -> Thm:
-    return Thm(name, _binders(ex), hyps, ("eq", b, a), proof)
+def _eq_thm(name: str, ex: Exporter, b: Term, a: Term, hyps: list[Term], proof: str,
+            lean: str = "by\n  intros\n  derivc_congr") -> Thm:
+    return Thm(name, _binders(ex), hyps, ("eq", b, a), proof, lean)
+
+
+def _l(t: Term) -> str:
+    return render(t, "lean")
+
+
+# the Lean mirror of the Coq frame / proposition scripts
+LEAN_PROPS = ("by\n  intros\n  repeat' (first | apply And.intro | apply Iff.intro)\n"
+              "  all_goals first | trivial | omega\n"
+              "    | (intros; repeat' (first | apply And.intro); all_goals omega)\n"
+              "    | (intros; derivc_congr)")
 
 
 def _ob(rec, theorem: str, **kw) -> Obligation:
@@ -158,8 +170,9 @@ def coq_text(ob: Obligation) -> str:
 
 def lean_text(ob: Obligation) -> str:
     out = [f"/- derivc obligation: step {ob.step}, rule {ob.rule} ({ob.kind}), theorem {ob.theorem}.",
-           f"   status: {ob.status} (Coq); the Lean statement mirrors StepNN.v and has NOT been",
-           "   checked in this environment (no Lean toolchain).",
+           f"   status: {ob.status} (Coq); the Lean statements and proofs mirror StepNN.v tactic",
+           "   by tactic (lean/Derivc/Tactics.lean) and have NOT been checked in this environment",
+           "   (no Lean toolchain): Lean is \"not checked\" until `lake env lean` runs on this file.",
            f"   checked (Coq): {ob.checked} -/",
            "import Derivc", "", "namespace Derivc", "open Derivc", "",
            "variable {R : Type} [KAlg R]", ""]

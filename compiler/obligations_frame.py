@@ -7,7 +7,7 @@ anything outside its site therefore fails in Coq."""
 from __future__ import annotations
 
 from .ir import Aff, Def, Expr, Fold, Let, Program, Read, Reduce, Softmax, children
-from .obligations_base import Thm, _at_path, _binders, _def_pair, _exporter, _thm_name
+from .obligations_base import LEAN_PROPS, Thm, _at_path, _binders, _def_pair, _exporter, _thm_name
 from .obligations_terms import ExportError, Exporter, Term, V, conj, san
 from .obligations_types import expr_type, program_types
 
@@ -61,7 +61,7 @@ def site_frame(rec, before: Program, after: Program, def_name: str, site: Expr,
     parts.append(("eq", cb, ca))
     proof = ("intros. repeat split;\n  first [ lia | intros; derivc_destruct_conj; repeat split; lia "
              "| derivc_congr ].")
-    return Thm(_thm_name(rec, "_frame"), _binders(ex), hyps, conj(parts), proof)
+    return Thm(_thm_name(rec, "_frame"), _binders(ex), hyps, conj(parts), proof, LEAN_PROPS)
 
 
 def _def_frame(ex: Exporter, bd: Def, ad: Def, body: bool = True) -> Term:
@@ -98,7 +98,7 @@ def others_thm(rec, before: Program, after: Program, changed: set[str]) -> Thm |
              if d.name in after_names and d.name not in changed]
     if not parts:
         return None
-    return Thm(_thm_name(rec, "_others"), _binders(ex), [], conj(parts), _FRAME_PROOF)
+    return Thm(_thm_name(rec, "_others"), _binders(ex), [], conj(parts), _FRAME_PROOF, LEAN_PROPS)
 
 
 def store_frame(rec, before: Program, after: Program, name: str, suffix: str = "_frame") -> Thm:
@@ -106,4 +106,4 @@ def store_frame(rec, before: Program, after: Program, name: str, suffix: str = "
     ex = _exporter(before, after)
     bd, ad = _def_pair(before, after, name)
     stmt = _def_frame(ex, bd, ad, body=False)
-    return Thm(_thm_name(rec, suffix), _binders(ex), [], stmt, _FRAME_PROOF)
+    return Thm(_thm_name(rec, suffix), _binders(ex), [], stmt, _FRAME_PROOF, LEAN_PROPS)

@@ -350,6 +350,81 @@ def compiler_rule_errors(root: Path) -> list[str]:
     return errors
 
 
+# ----------------------------------------------------------------------------- obligation lemmas
+
+# where the obligations' proofs come from: the exporter's proof scripts and the Coq tactics
+OBLIGATION_SOURCES = ("compiler/obligations.py", "compiler/obligations_base.py",
+                      "compiler/obligations_frame.py")
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_']*")
+_COQ_LTAC = re.compile(r"(?m)^[ \t]*Ltac[ \t]+([A-Za-z_][A-Za-z0-9_']*)")
+_COQ_DEF = re.compile(r"(?m)^[ \t]*(?:Definition|Fixpoint)[ \t]+([A-Za-z_][A-Za-z0-9_']*)")
+_LEAN_TACTIC = re.compile(r'(?m)^[ \t]*(?:macro|syntax)[ \t]+"([A-Za-z_][A-Za-z0-9_]*)"')
+_LEAN_DEF = re.compile(
+    r"(?m)^[ \t]*(?:@\[[^\]]*\][ \t]*)?(?:(?:private|protected|noncomputable)[ \t]+)*"
+    r"(?:def|abbrev)[ \t]+([A-Za-z_][A-Za-z0-9_'.!?]*)")
+
+
+def _python_strings(path: Path) -> str:
+    """The string literals of a Python file (the proof scripts it emits)."""
+    import ast
+
+    out: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            out.append(node.value)
+    return "\n".join(out)
+
+
+def coq_tactics(root: Path | str | None = None) -> set[str]:
+    root = Path(root) if root is not None else repo_root()
+    return set(_COQ_LTAC.findall(strip_coq_comments((_coq_dir(root) / "Tactics.v").read_text())))
+
+
+def obligation_lemmas(root: Path | str | None = None) -> set[str]:
+    """Library lemmas, definitions used in proofs and tactics that the generated obligations'
+    proofs name: the identifiers of the exporter's proof scripts and of the Coq tactic bodies
+    that are declared in the Coq library."""
+    root = Path(root) if root is not None else repo_root()
+    text = "\n".join(_python_strings(Path(root) / f) for f in OBLIGATION_SOURCES
+                     if (Path(root) / f).exists())
+    tactics = strip_coq_comments((_coq_dir(root) / "Tactics.v").read_text())
+    text += "\n" + "\n".join(m.group(0) for m in re.finditer(r"(?ms)^Ltac .*?\.\s*$", tactics))
+    declared = coq_theorems(root) | coq_tactics(root)
+    for p in coq_library_files(root):
+        declared |= set(_COQ_DEF.findall(strip_coq_comments(p.read_text())))
+    return {w for w in _IDENT.findall(text) if w in declared}
+
+
+def lean_names(root: Path | str | None = None) -> set[str]:
+    """Theorems, definitions and tactics of the Lean library."""
+    root = Path(root) if root is not None else repo_root()
+    names = lean_theorems(root)
+    for p in lean_library_files(root):
+        raw = p.read_text()
+        text = strip_lean_comments(raw)
+        names |= {n.split(".")[-1] for n in _LEAN_DEF.findall(text)}
+        # tactic names are string literals (which the stripper removes): a declaration counts
+        # when its line is code, i.e. still starts with macro/syntax once comments are gone
+        code_lines = text.splitlines()
+        for m in _LEAN_TACTIC.finditer(raw):
+            line = raw.count("\n", 0, m.start())
+            if line < len(code_lines) and re.match(r"\s*(macro|syntax)\b", code_lines[line]):
+                names.add(m.group(1))
+    return names
+
+
+# Coq definitions whose Lean counterpart is spelled differently (Lean core has its own `max`)
+LEAN_SPELLING = {"max": "emax"}
+
+
+def obligation_lemma_errors(root: Path | str | None = None) -> list[str]:
+    """Every lemma / tactic the Coq obligations use exists in Lean under the same name."""
+    lean = lean_names(root)
+    missing = sorted(n for n in obligation_lemmas(root) if LEAN_SPELLING.get(n, n) not in lean)
+    return [f"obligation lemma {n} is used by the Coq obligations but missing from lean/"
+            for n in missing]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m proofs_ci.theorems", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -360,15 +435,17 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(args.root) if args.root else repo_root()
     lean, coq = lean_theorems(root), coq_theorems(root)
     errors = (check_same(lean, coq) + rule_file_errors(root) + integrity_errors(root)
-              + compiler_rule_errors(root))
+              + compiler_rule_errors(root) + obligation_lemma_errors(root))
     if args.coq:
         errors += coq_assumption_errors(root)
     for e in errors:
         print("ERROR:", e)
     n = len(ALL_RULE_THEOREMS)
+    used = obligation_lemmas(root)
     print(f"rules: {len(RULE_THEOREMS)}, rule theorems: {n}, "
           f"lean theorems: {len(lean)}, coq theorems: {len(coq)}, "
-          f"common: {len(lean & coq)}, problems: {len(errors)}")
+          f"common: {len(lean & coq)}, obligation lemmas: {len(used)} "
+          f"(missing from Lean: {len(obligation_lemma_errors(root))}), problems: {len(errors)}")
     return 1 if errors else 0
 
 

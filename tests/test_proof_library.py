@@ -122,6 +122,9 @@ def test_coq_library_compiles_with_examples(built_lib):
         assert (built_lib / f).with_suffix(".vo").exists(), f
     assert (built_lib / "examples" / "ExampleTile.vo").exists()
     assert (built_lib / "examples" / "ExampleOnline.vo").exists()
+    # the algebra has models: the intended one (reals) and GF(2) (what is not provable about -inf)
+    assert (built_lib / "models" / "ModelReals.vo").exists()
+    assert (built_lib / "models" / "ModelBool.vo").exists()
 
 
 @needs_coq
@@ -185,3 +188,49 @@ def test_a_rule_citing_a_missing_theorem_is_reported(monkeypatch):
 
     monkeypatch.setattr(type(RULES["split"]), "theorem", "sumTo_split_typo")
     assert any("sumTo_split_typo" in e for e in compiler_rule_errors(repo_root()))
+
+
+# ----------------------------------------------------------------------------- -inf and the Lean mirror
+
+def test_ninf_is_not_a_ring_element():
+    """-inf is a constructor of ext R, not a field of the ring class: no ring law mentions it."""
+    algebra = th.strip_coq_comments((ROOT / "proofs_ci/coq/Algebra.v").read_text())
+    klass = algebra[algebra.index("Class KAlg"):algebra.index("}.")]
+    assert "ninf" not in klass and "NInf" not in klass
+    assert "| NInf : ext R" in algebra and "undef : R" in klass
+
+
+def test_obligation_lemmas_exist_in_lean():
+    used = th.obligation_lemmas(ROOT)
+    # the lemmas and tactics the exporter's proofs and the Coq tactics name
+    assert {"online_agg_guard", "online_max_ok", "softmaxAtG_shift", "foldN_trunc_eq",
+            "maxTo_NInf_inv", "derivc_congr", "derivc_mnext", "derivc_valid"} <= used
+    assert th.obligation_lemma_errors(ROOT) == []
+
+
+def test_missing_obligation_lemma_in_lean_fails(tmp_path):
+    root = _copy_libraries(tmp_path)
+    for f in th.OBLIGATION_SOURCES:
+        (root / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / f, root / f)
+    p = root / "lean/Derivc/Tactics.lean"
+    p.write_text(p.read_text().replace("theorem foldN_trunc_eq", "theorem foldN_trunc_eq'"))
+    errs = th.obligation_lemma_errors(root)
+    assert any("foldN_trunc_eq" in e for e in errs)
+    assert th.main(["--root", str(root)]) != 0
+
+
+def test_theorems_cli_compares_obligation_lemmas():
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-m", "proofs_ci.theorems"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "obligation lemmas:" in r.stdout and "missing from Lean: 0" in r.stdout
+
+
+def test_lean_congruence_tactic_is_not_the_old_stub():
+    tactics = (ROOT / "lean/Derivc/Tactics.lean").read_text()
+    assert "first | rfl | omega))" not in tactics  # the old derivc_congr that closed nothing
+    for name in ("derivc_congr", "derivc_kill_masked", "derivc_valid", "derivc_mnext", "derivc_ring"):
+        assert f'"{name}"' in tactics, name

@@ -12,8 +12,9 @@ class KAlg (R : Type) where
   neg : R → R
   inv : R → R
   exp : R → R
-  max : R → R → R
-  ninf : R
+  rmax : R → R → R
+  /-- the value of an undefined operation (+inf, NaN): nothing is assumed about it -/
+  undef : R
   add_assoc : ∀ a b c : R, add (add a b) c = add a (add b c)
   add_comm : ∀ a b : R, add a b = add b a
   add_zero : ∀ a : R, add a zero = a
@@ -27,9 +28,13 @@ class KAlg (R : Type) where
   inv_mul_distrib : ∀ a b : R, inv (mul a b) = mul (inv a) (inv b)
   exp_add : ∀ a b : R, exp (add a b) = mul (exp a) (exp b)
   exp_zero : exp zero = one
-  max_assoc : ∀ a b c : R, max (max a b) c = max a (max b c)
-  max_comm : ∀ a b : R, max a b = max b a
-  max_ninf : ∀ a : R, max ninf a = a
+  rmax_assoc : ∀ a b c : R, rmax (rmax a b) c = rmax a (rmax b c)
+  rmax_comm : ∀ a b : R, rmax a b = rmax b a
+
+/-- the extended values: finite, or -infinity as its own constructor (Coq: Fin / NInf) -/
+inductive Ext (R : Type) where
+  | fin : R → Ext R
+  | ninf : Ext R
 
 variable {R : Type} [KAlg R]
 
@@ -104,5 +109,63 @@ theorem div_cancel_r (c a b : R) (hc : c ≠ KAlg.zero) :
     div (KAlg.mul a c) (KAlg.mul b c) = div a b := by
   rw [KAlg.mul_comm a c, KAlg.mul_comm b c]
   exact div_cancel_l c a b hc
+
+/-! Extended values (Coq: Algebra.v, section Derived): no ring arithmetic on -inf. -/
+
+/-- max on extended values (Coq: `max`); -inf is its unit -/
+def emax : Ext R → Ext R → Ext R
+  | Ext.ninf, y => y
+  | Ext.fin x, Ext.ninf => Ext.fin x
+  | Ext.fin x, Ext.fin y => Ext.fin (KAlg.rmax x y)
+
+def eexp : Ext R → R
+  | Ext.fin x => KAlg.exp x
+  | Ext.ninf => KAlg.zero
+
+/-- exp (a - b) on extended values -/
+def expd : Ext R → Ext R → R
+  | Ext.fin x, Ext.fin y => KAlg.exp (sub x y)
+  | Ext.ninf, Ext.fin _ => KAlg.zero
+  | _, Ext.ninf => KAlg.undef
+
+/-- the IR's rescale(a, b) = exp (a - b), exactly one when both are -inf -/
+def rescale : Ext R → Ext R → R
+  | Ext.ninf, Ext.ninf => KAlg.one
+  | a, b => expd a b
+
+theorem max_assoc (a b c : Ext R) : emax (emax a b) c = emax a (emax b c) := by
+  cases a <;> cases b <;> cases c <;> simp only [emax, KAlg.rmax_assoc]
+
+theorem max_comm (a b : Ext R) : emax a b = emax b a := by
+  cases a <;> cases b <;> simp only [emax, KAlg.rmax_comm]
+
+theorem max_ninf (a : Ext R) : emax Ext.ninf a = a := by
+  cases a <;> rfl
+
+theorem max_ninf_r (a : Ext R) : emax a Ext.ninf = a := by
+  cases a <;> rfl
+
+theorem max_NInf_inv (a b : Ext R) (h : emax a b = Ext.ninf) : a = Ext.ninf ∧ b = Ext.ninf := by
+  cases a <;> cases b <;> simp only [emax] at h <;> first | exact ⟨rfl, rfl⟩ | cases h
+
+theorem max_fin_l (x : R) (b : Ext R) : emax (Ext.fin x) b ≠ Ext.ninf := by
+  cases b <;> simp only [emax] <;> intro h <;> cases h
+
+theorem eexp_ninf : eexp (Ext.ninf : Ext R) = KAlg.zero := rfl
+
+theorem expd_fin (x y : R) : expd (Ext.fin x) (Ext.fin y) = KAlg.exp (sub x y) := rfl
+
+theorem expd_ninf_l (y : R) : expd Ext.ninf (Ext.fin y) = KAlg.zero := rfl
+
+theorem rescale_diag (a : Ext R) : rescale a a = KAlg.one := by
+  cases a with
+  | fin x =>
+    show KAlg.exp (KAlg.add x (KAlg.neg x)) = KAlg.one
+    rw [KAlg.add_neg, KAlg.exp_zero]
+  | ninf => rfl
+
+theorem rescale_fin (x y : R) : rescale (Ext.fin x) (Ext.fin y) = KAlg.exp (sub x y) := rfl
+
+theorem rescale_ninf_l (y : R) : rescale Ext.ninf (Ext.fin y) = KAlg.zero := rfl
 
 end Derivc

@@ -39,21 +39,26 @@ def sumTo : Nat → (Nat → R) → R
   | 0, _ => KAlg.zero
   | n + 1, f => KAlg.add (sumTo n f) (f n)
 
-def maxTo : Nat → (Nat → R) → R
-  | 0, _ => KAlg.ninf
-  | n + 1, f => KAlg.max (maxTo n f) (f n)
+/-- max over a range: an extended value, -inf when the range is empty -/
+def maxTo : Nat → (Nat → Ext R) → Ext R
+  | 0, _ => Ext.ninf
+  | n + 1, f => emax (maxTo n f) (f n)
 
 /-- a generated (producer) tensor of extent n -/
 def genAt (n : Nat) (f : Nat → R) (i : Nat) : R :=
   if i < n then f i else KAlg.zero
 
+/-- a generated tensor of extended values (e.g. a row max): -inf outside its extent -/
+def genAtX (n : Nat) (f : Nat → Ext R) (i : Nat) : Ext R :=
+  if i < n then f i else Ext.ninf
+
 theorem sumTo_O (f : Nat → R) : sumTo 0 f = KAlg.zero := rfl
 
 theorem sumTo_S (n : Nat) (f : Nat → R) : sumTo (n + 1) f = KAlg.add (sumTo n f) (f n) := rfl
 
-theorem maxTo_O (f : Nat → R) : maxTo 0 f = KAlg.ninf := rfl
+theorem maxTo_O (f : Nat → Ext R) : maxTo 0 f = Ext.ninf := rfl
 
-theorem maxTo_S (n : Nat) (f : Nat → R) : maxTo (n + 1) f = KAlg.max (maxTo n f) (f n) := rfl
+theorem maxTo_S (n : Nat) (f : Nat → Ext R) : maxTo (n + 1) f = emax (maxTo n f) (f n) := rfl
 
 theorem sumTo_ext : ∀ (n : Nat) (f g : Nat → R),
     (∀ i, i < n → f i = g i) → sumTo n f = sumTo n g := by
@@ -64,7 +69,7 @@ theorem sumTo_ext : ∀ (n : Nat) (f g : Nat → R),
     intro f g hfg
     rw [sumTo_S, sumTo_S, ih f g (fun i hi => hfg i (by omega)), hfg n (by omega)]
 
-theorem maxTo_ext : ∀ (n : Nat) (f g : Nat → R),
+theorem maxTo_ext : ∀ (n : Nat) (f g : Nat → Ext R),
     (∀ i, i < n → f i = g i) → maxTo n f = maxTo n g := by
   intro n
   induction n with
@@ -85,14 +90,14 @@ theorem sumTo_zero_ext : ∀ (n : Nat) (f : Nat → R),
 theorem sumTo_const_zero (n : Nat) : sumTo n (fun _ => (KAlg.zero : R)) = KAlg.zero :=
   sumTo_zero_ext n _ (fun _ _ => rfl)
 
-theorem maxTo_ninf_ext : ∀ (n : Nat) (f : Nat → R),
-    (∀ i, i < n → f i = KAlg.ninf) → maxTo n f = KAlg.ninf := by
+theorem maxTo_ninf_ext : ∀ (n : Nat) (f : Nat → Ext R),
+    (∀ i, i < n → f i = Ext.ninf) → maxTo n f = Ext.ninf := by
   intro n
   induction n with
   | zero => intro f _; rfl
   | succ n ih =>
     intro f hf
-    rw [maxTo_S, ih f (fun i hi => hf i (by omega)), hf n (by omega), KAlg.max_ninf]
+    rw [maxTo_S, ih f (fun i hi => hf i (by omega)), hf n (by omega), max_ninf_r]
 
 /-- splitting a range [0, a+b) into [0, a) and [a, a+b) -/
 theorem sumTo_app (a b : Nat) (f : Nat → R) :
@@ -103,13 +108,13 @@ theorem sumTo_app (a b : Nat) (f : Nat → R) :
     have e : a + (b + 1) = a + b + 1 := by omega
     rw [e, sumTo_S (a + b) f, sumTo_S b (fun j => f (a + j)), ih, KAlg.add_assoc]
 
-theorem maxTo_app (a b : Nat) (f : Nat → R) :
-    maxTo (a + b) f = KAlg.max (maxTo a f) (maxTo b (fun j => f (a + j))) := by
+theorem maxTo_app (a b : Nat) (f : Nat → Ext R) :
+    maxTo (a + b) f = emax (maxTo a f) (maxTo b (fun j => f (a + j))) := by
   induction b with
-  | zero => rw [Nat.add_zero, maxTo_O, KAlg.max_comm (maxTo a f) KAlg.ninf, KAlg.max_ninf]
+  | zero => rw [Nat.add_zero, maxTo_O, max_ninf_r]
   | succ b ih =>
     have e : a + (b + 1) = a + b + 1 := by omega
-    rw [e, maxTo_S (a + b) f, maxTo_S b (fun j => f (a + j)), ih, KAlg.max_assoc]
+    rw [e, maxTo_S (a + b) f, maxTo_S b (fun j => f (a + j)), ih, max_assoc]
 
 theorem sumTo_plus (n : Nat) (f g : Nat → R) :
     sumTo n (fun j => KAlg.add (f j) (g j)) = KAlg.add (sumTo n f) (sumTo n g) := by
@@ -140,12 +145,26 @@ theorem sumTo_trunc (n k : Nat) (f : Nat → R)
     sumTo_zero_ext (n - k) (fun j => f (k + j)) (fun j hj => hz (k + j) (by omega) (by omega))
   rw [e, sumTo_app k (n - k) f, hz', KAlg.add_zero]
 
-theorem maxTo_trunc (n k : Nat) (f : Nat → R)
-    (hz : ∀ j, k ≤ j → j < n → f j = KAlg.ninf) (hk : k ≤ n) :
+theorem maxTo_trunc (n k : Nat) (f : Nat → Ext R)
+    (hz : ∀ j, k ≤ j → j < n → f j = Ext.ninf) (hk : k ≤ n) :
     maxTo n f = maxTo k f := by
   have e : n = k + (n - k) := by omega
-  have hz' : maxTo (n - k) (fun j => f (k + j)) = KAlg.ninf :=
+  have hz' : maxTo (n - k) (fun j => f (k + j)) = Ext.ninf :=
     maxTo_ninf_ext (n - k) (fun j => f (k + j)) (fun j hj => hz (k + j) (by omega) (by omega))
-  rw [e, maxTo_app k (n - k) f, hz', KAlg.max_comm (maxTo k f) KAlg.ninf, KAlg.max_ninf]
+  rw [e, maxTo_app k (n - k) f, hz', max_ninf_r]
+
+/-- a max that is -inf has only -inf terms -/
+theorem maxTo_NInf_inv : ∀ (n : Nat) (f : Nat → Ext R),
+    maxTo n f = Ext.ninf → ∀ k, k < n → f k = Ext.ninf := by
+  intro n
+  induction n with
+  | zero => intro f _ k hk; exact absurd hk (Nat.not_lt_zero k)
+  | succ n ih =>
+    intro f e k hk
+    rw [maxTo_S] at e
+    have h := max_NInf_inv (maxTo n f) (f n) e
+    by_cases hkn : k = n
+    · rw [hkn]; exact h.2
+    · exact ih f h.1 k (by omega)
 
 end Derivc

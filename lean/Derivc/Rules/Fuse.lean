@@ -14,4 +14,8 @@ theorem gen_outside (n : Nat) (f : Nat → R) (i : Nat) (h : n ≤ i) :
   show (if i < n then f i else KAlg.zero) = KAlg.zero
   exact if_neg (by omega)
 
+theorem genX_inline (n : Nat) (f : Nat → Ext R) (i : Nat) (h : i < n) : genAtX n f i = f i := by
+  show (if i < n then f i else Ext.ninf) = f i
+  exact if_pos h
+
 end Derivc

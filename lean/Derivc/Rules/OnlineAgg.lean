@@ -1,40 +1,56 @@
 /- Rule ONLINE-AGG: flash-attention style tile-by-tile softmax aggregation with a
-   running max m, running denominator l and running accumulator acc. The new
-   running max is an arbitrary function `mnext` of (tile index, old max).
-   Mirrors Rules/OnlineAgg.v. -/
+   running max m (an extended value, starting at -inf), running denominator l and running
+   accumulator acc.  The new running max `mnext` must be defined: -inf only while every key
+   seen is masked (`online_max_ok`).  A fully masked row gives 0.
+   Mirrors Rules/OnlineAgg.v.  NOT checked here (no Lean toolchain). -/
 import Derivc.Rules.SplitSoftmax
 
 namespace Derivc
 
 structure OState (R : Type) where
-  st_m : R
+  st_m : Ext R
   st_l : R
   st_acc : R
 
 variable {R : Type} [KAlg R]
 
 /-- generic step: `w j m'` is the (possibly masked) weight of score j under max m' -/
-def onlineStepW (w : Nat → R → R) (v : Nat → R) (t : Nat) (mnext : Nat → R → R) (o : Nat)
-    (st : OState R) : OState R :=
+def onlineStepW (w : Nat → Ext R → R) (v : Nat → R) (t : Nat) (mnext : Nat → Ext R → Ext R)
+    (o : Nat) (st : OState R) : OState R :=
   OState.mk (mnext o st.st_m)
-    (KAlg.add (KAlg.mul st.st_l (KAlg.exp (sub st.st_m (mnext o st.st_m))))
+    (KAlg.add (KAlg.mul st.st_l (rescale st.st_m (mnext o st.st_m)))
       (sumTo t (fun i => w (o * t + i) (mnext o st.st_m))))
-    (KAlg.add (KAlg.mul st.st_acc (KAlg.exp (sub st.st_m (mnext o st.st_m))))
+    (KAlg.add (KAlg.mul st.st_acc (rescale st.st_m (mnext o st.st_m)))
       (sumTo t (fun i => KAlg.mul (w (o * t + i) (mnext o st.st_m)) (v (o * t + i)))))
 
-def onlineFoldW (w : Nat → R → R) (v : Nat → R) (t : Nat) (mnext : Nat → R → R) (m0 : R) :
-    Nat → OState R
+def onlineFoldW (w : Nat → Ext R → R) (v : Nat → R) (t : Nat) (mnext : Nat → Ext R → Ext R)
+    (m0 : Ext R) : Nat → OState R
   | 0 => OState.mk m0 KAlg.zero KAlg.zero
   | T + 1 => onlineStepW w v t mnext T (onlineFoldW w v t mnext m0 T)
 
-/-- unmasked: weight exp (s j - m') -/
-def onlineFold (s v : Nat → R) (t : Nat) (mnext : Nat → R → R) (m0 : R) (T : Nat) : OState R :=
-  onlineFoldW (fun j m => KAlg.exp (sub (s j) m)) v t mnext m0 T
+/-- masked: weight (if g j then exp (s j - m') else 0) -/
+def onlineFoldG (g : Nat → Bool) (s v : Nat → R) (t : Nat) (mnext : Nat → Ext R → Ext R)
+    (m0 : Ext R) (T : Nat) : OState R :=
+  onlineFoldW (fun j m => if g j = true then expd (Ext.fin (s j)) m else KAlg.zero) v t mnext m0 T
 
-/-- masked: weight (g j ? exp (s j - m') : 0) -/
-def onlineFoldG (g : Nat → Bool) (s v : Nat → R) (t : Nat) (mnext : Nat → R → R) (m0 : R)
-    (T : Nat) : OState R :=
-  onlineFoldW (fun j m => cond (g j) (KAlg.exp (sub (s j) m)) KAlg.zero) v t mnext m0 T
+/-- unmasked -/
+def onlineFold (s v : Nat → R) (t : Nat) (mnext : Nat → Ext R → Ext R) (m0 : Ext R) (T : Nat) :
+    OState R :=
+  onlineFoldG (fun _ => true) s v t mnext m0 T
+
+/-- the running max is defined: -inf only after fully masked tiles, never back to -inf -/
+def online_max_ok (g : Nat → Bool) (t : Nat) (mnext : Nat → Ext R → Ext R) (T : Nat) : Prop :=
+  ∀ o m, o < T → mnext o m = Ext.ninf → m = Ext.ninf ∧ ∀ i, i < t → g (o * t + i) = false
+
+def eg (g : Nat → Bool) (s : Nat → R) (j : Nat) : R :=
+  if g j = true then KAlg.exp (s j) else KAlg.zero
+
+/-- the invariant: scale exp (-x) under running max fin x; all zero while it is -inf -/
+def onlineInv (g : Nat → Bool) (s v : Nat → R) (n : Nat) (st : OState R) : Prop :=
+  match st.st_m with
+  | Ext.ninf => st.st_l = KAlg.zero ∧ st.st_acc = KAlg.zero ∧ ∀ j, j < n → g j = false
+  | Ext.fin x => st.st_l = KAlg.mul (KAlg.exp (KAlg.neg x)) (sumTo n (eg g s))
+      ∧ st.st_acc = KAlg.mul (KAlg.exp (KAlg.neg x)) (sumTo n (fun j => KAlg.mul (eg g s j) (v j)))
 
 theorem rescale_step (m m' S X : R) :
     KAlg.add (KAlg.mul (KAlg.mul (KAlg.exp (KAlg.neg m)) S) (KAlg.exp (sub m m')))
@@ -60,85 +76,179 @@ theorem step_sum (a b : Nat → R) (t T : Nat) (m m' x : R)
   rw [h1, h2, hx, h3]
   exact rescale_step m m' (sumTo (T * t) b) (sumTo t (fun i => b (T * t + i)))
 
-theorem online_invariant_w (w : Nat → R → R) (e v : Nat → R) (t : Nat) (mnext : Nat → R → R)
-    (m0 : R) (hw : ∀ j mm, w j mm = KAlg.mul (e j) (KAlg.exp (KAlg.neg mm))) (T : Nat) :
-    (onlineFoldW w v t mnext m0 T).st_l
-        = KAlg.mul (KAlg.exp (KAlg.neg (onlineFoldW w v t mnext m0 T).st_m)) (sumTo (T * t) e)
-      ∧ (onlineFoldW w v t mnext m0 T).st_acc
-        = KAlg.mul (KAlg.exp (KAlg.neg (onlineFoldW w v t mnext m0 T).st_m))
-            (sumTo (T * t) (fun j => KAlg.mul (e j) (v j))) := by
-  induction T with
-  | zero =>
-    constructor
-    · show KAlg.zero = KAlg.mul (KAlg.exp (KAlg.neg m0)) (sumTo (0 * t) e)
-      rw [Nat.zero_mul, sumTo_O e, mul_0_r]
-    · show KAlg.zero
-        = KAlg.mul (KAlg.exp (KAlg.neg m0)) (sumTo (0 * t) (fun j => KAlg.mul (e j) (v j)))
-      rw [Nat.zero_mul, sumTo_O (fun j => KAlg.mul (e j) (v j)), mul_0_r]
-  | succ T ih =>
-    constructor
-    · exact step_sum (fun j => w j (mnext T (onlineFoldW w v t mnext m0 T).st_m)) e t T
-        (onlineFoldW w v t mnext m0 T).st_m (mnext T (onlineFoldW w v t mnext m0 T).st_m)
-        (onlineFoldW w v t mnext m0 T).st_l
-        (fun j => hw j (mnext T (onlineFoldW w v t mnext m0 T).st_m)) ih.1
-    · exact step_sum
-        (fun j => KAlg.mul (w j (mnext T (onlineFoldW w v t mnext m0 T).st_m)) (v j))
-        (fun j => KAlg.mul (e j) (v j)) t T
-        (onlineFoldW w v t mnext m0 T).st_m (mnext T (onlineFoldW w v t mnext m0 T).st_m)
-        (onlineFoldW w v t mnext m0 T).st_acc
-        (fun j => (congrArg (fun z => KAlg.mul z (v j))
-            (hw j (mnext T (onlineFoldW w v t mnext m0 T).st_m))).trans (mul_rot _ _ _))
-        ih.2
-
-theorem online_invariant (s v : Nat → R) (t : Nat) (mnext : Nat → R → R) (m0 : R) (T : Nat) :
-    (onlineFold s v t mnext m0 T).st_l
-        = KAlg.mul (KAlg.exp (KAlg.neg (onlineFold s v t mnext m0 T).st_m))
-            (sumTo (T * t) (fun j => KAlg.exp (s j)))
-      ∧ (onlineFold s v t mnext m0 T).st_acc
-        = KAlg.mul (KAlg.exp (KAlg.neg (onlineFold s v t mnext m0 T).st_m))
-            (sumTo (T * t) (fun j => KAlg.mul (KAlg.exp (s j)) (v j))) :=
-  online_invariant_w (fun j m => KAlg.exp (sub (s j) m)) (fun j => KAlg.exp (s j)) v t mnext m0
-    (fun j mm => exp_sub (s j) mm) T
-
-theorem online_ratio_w (w : Nat → R → R) (e v : Nat → R) (t : Nat) (mnext : Nat → R → R)
-    (m0 : R) (T : Nat) (hw : ∀ j mm, w j mm = KAlg.mul (e j) (KAlg.exp (KAlg.neg mm))) :
-    div (onlineFoldW w v t mnext m0 T).st_acc (onlineFoldW w v t mnext m0 T).st_l
-      = div (sumTo (T * t) (fun j => KAlg.mul (e j) (v j))) (sumTo (T * t) e) := by
-  rw [(online_invariant_w w e v t mnext m0 hw T).1, (online_invariant_w w e v t mnext m0 hw T).2]
-  exact div_cancel_l _ _ _ (exp_ne_zero _)
-
-theorem online_agg (s v : Nat → R) (t : Nat) (mnext : Nat → R → R) (m0 M : R) (T : Nat) :
-    div (onlineFold s v t mnext m0 T).st_acc (onlineFold s v t mnext m0 T).st_l
-      = div (sumTo (T * t) (fun j => KAlg.mul (KAlg.exp (sub (s j) M)) (v j)))
-            (sumTo (T * t) (fun j => KAlg.exp (sub (s j) M))) := by
-  rw [shift_ratio (T * t) s v M]
-  exact online_ratio_w (fun j m => KAlg.exp (sub (s j) m)) (fun j => KAlg.exp (s j)) v t mnext
-    m0 T (fun j mm => exp_sub (s j) mm)
-
 theorem cond_exp (b : Bool) (x m : R) :
-    cond b (KAlg.exp (sub x m)) KAlg.zero
-      = KAlg.mul (cond b (KAlg.exp x) KAlg.zero) (KAlg.exp (KAlg.neg m)) := by
+    (if b = true then KAlg.exp (sub x m) else KAlg.zero)
+      = KAlg.mul (if b = true then KAlg.exp x else KAlg.zero) (KAlg.exp (KAlg.neg m)) := by
   cases b with
   | false => exact (mul_0_l (KAlg.exp (KAlg.neg m))).symm
   | true => exact exp_sub x m
 
-theorem online_agg_guard (g : Nat → Bool) (s v : Nat → R) (t : Nat) (mnext : Nat → R → R)
-    (m0 M : R) (T : Nat) :
+theorem weight_fin (g : Nat → Bool) (s : Nat → R) (j : Nat) (y : R) :
+    (if g j = true then expd (Ext.fin (s j)) (Ext.fin y) else KAlg.zero)
+      = KAlg.mul (eg g s j) (KAlg.exp (KAlg.neg y)) := by
+  unfold eg
+  cases g j with
+  | false => exact (mul_0_l (KAlg.exp (KAlg.neg y))).symm
+  | true => exact exp_sub (s j) y
+
+theorem sumTo_masked (g : Nat → Bool) (f : Nat → R) (n : Nat) (hg : ∀ j, j < n → g j = false) :
+    sumTo n (fun j => if g j = true then f j else KAlg.zero) = KAlg.zero :=
+  sumTo_zero_ext n _ (fun j hj => by simp only [hg j hj]; rfl)
+
+theorem onlineFoldG_S (g : Nat → Bool) (s v : Nat → R) (t : Nat) (mnext : Nat → Ext R → Ext R)
+    (m0 : Ext R) (T : Nat) :
+    onlineFoldG g s v t mnext m0 (T + 1)
+      = onlineStepW (fun j m => if g j = true then expd (Ext.fin (s j)) m else KAlg.zero) v t mnext T
+          (onlineFoldG g s v t mnext m0 T) := rfl
+
+theorem eg_masked_sum (g : Nat → Bool) (s v : Nat → R) (n : Nat) (hg : ∀ j, j < n → g j = false) :
+    sumTo n (eg g s) = KAlg.zero ∧ sumTo n (fun j => KAlg.mul (eg g s j) (v j)) = KAlg.zero := by
+  constructor
+  · exact sumTo_zero_ext n _ (fun j hj => by unfold eg; simp only [hg j hj]; rfl)
+  · exact sumTo_zero_ext n _ (fun j hj => by unfold eg; simp only [hg j hj]; exact mul_0_l (v j))
+
+/-- the tile sums under a finite new max y -/
+theorem tile_sums (g : Nat → Bool) (s v : Nat → R) (t T : Nat) (y : R) :
+    sumTo t (fun i => (fun j m => if g j = true then expd (Ext.fin (s j)) m else KAlg.zero)
+        (T * t + i) (Ext.fin y))
+      = KAlg.mul (sumTo t (fun i => eg g s (T * t + i))) (KAlg.exp (KAlg.neg y))
+    ∧ sumTo t (fun i => KAlg.mul ((fun j m => if g j = true then expd (Ext.fin (s j)) m else KAlg.zero)
+        (T * t + i) (Ext.fin y)) (v (T * t + i)))
+      = KAlg.mul (sumTo t (fun i => KAlg.mul (eg g s (T * t + i)) (v (T * t + i))))
+          (KAlg.exp (KAlg.neg y)) := by
+  constructor
+  · rw [← sumTo_mul_r]
+    exact sumTo_ext t _ _ (fun i _ => weight_fin g s (T * t + i) y)
+  · rw [← sumTo_mul_r]
+    exact sumTo_ext t _ _ (fun i _ => by
+      show KAlg.mul (if g (T * t + i) = true then expd (Ext.fin (s (T * t + i))) (Ext.fin y)
+          else KAlg.zero) (v (T * t + i)) = _
+      rw [weight_fin]; exact mul_rot _ _ _)
+
+theorem online_invariant_g (g : Nat → Bool) (s v : Nat → R) (t : Nat)
+    (mnext : Nat → Ext R → Ext R) (m0 : Ext R) (T : Nat) (hok : online_max_ok g t mnext T)
+    (h0 : onlineInv g s v 0 (OState.mk m0 KAlg.zero KAlg.zero)) :
+    ∀ T', T' ≤ T → onlineInv g s v (T' * t) (onlineFoldG g s v t mnext m0 T') := by
+  intro T' hT'
+  induction T' with
+  | zero => rw [Nat.zero_mul]; exact h0
+  | succ T' ih =>
+    have ih := ih (by omega)
+    rw [onlineFoldG_S]
+    generalize hst : onlineFoldG g s v t mnext m0 T' = st at ih
+    have hsum := tile_sums g s v t T'
+    rw [succ_mul' T' t]
+    unfold onlineInv at ih ⊢
+    unfold onlineStepW
+    dsimp only
+    cases hm : mnext T' st.st_m with
+    | fin y =>
+      cases hx : st.st_m with
+      | fin x =>
+        rw [hx] at ih hm
+        rw [hx, rescale_fin, ih.1, ih.2, (hsum y).1, (hsum y).2, sumTo_app, sumTo_app,
+          rescale_step, rescale_step]
+        exact ⟨rfl, rfl⟩
+      | ninf =>
+        rw [hx] at ih hm
+        have hz := eg_masked_sum g s v (T' * t) ih.2.2
+        rw [hx, rescale_ninf_l, ih.1, ih.2.1, mul_0_l, mul_0_l, add_0_l, add_0_l,
+          (hsum y).1, (hsum y).2, sumTo_app, sumTo_app, hz.1, hz.2, add_0_l, add_0_l,
+          KAlg.mul_comm (KAlg.exp (KAlg.neg y)), KAlg.mul_comm (KAlg.exp (KAlg.neg y))]
+        exact ⟨rfl, rfl⟩
+    | ninf =>
+      have hk := hok T' st.st_m (by omega) hm
+      have hx := hk.1
+      rw [hx] at ih
+      refine ⟨?_, ?_, ?_⟩
+      · rw [ih.1, mul_0_l, add_0_l]
+        exact sumTo_zero_ext t _ (fun i hi => by simp only [hk.2 i hi]; rfl)
+      · rw [ih.2.1, mul_0_l, add_0_l]
+        exact sumTo_zero_ext t _ (fun i hi => by simp only [hk.2 i hi]; exact mul_0_l _)
+      · intro j hj
+        by_cases hlt : j < T' * t
+        · exact ih.2.2 j hlt
+        · have e : j = T' * t + (j - T' * t) := by omega
+          rw [e]; exact hk.2 (j - T' * t) (by omega)
+
+theorem onlineInv_init (g : Nat → Bool) (s v : Nat → R) (m0 : Ext R) :
+    onlineInv g s v 0 (OState.mk m0 KAlg.zero KAlg.zero) := by
+  cases m0 with
+  | fin x =>
+    show KAlg.zero = KAlg.mul (KAlg.exp (KAlg.neg x)) (sumTo 0 (eg g s))
+      ∧ KAlg.zero = KAlg.mul (KAlg.exp (KAlg.neg x)) (sumTo 0 (fun j => KAlg.mul (eg g s j) (v j)))
+    rw [sumTo_O, sumTo_O, mul_0_r]; exact ⟨rfl, rfl⟩
+  | ninf => exact ⟨rfl, rfl, fun j hj => absurd hj (Nat.not_lt_zero j)⟩
+
+theorem online_invariant (g : Nat → Bool) (s v : Nat → R) (t : Nat)
+    (mnext : Nat → Ext R → Ext R) (m0 : Ext R) (T : Nat) (hok : online_max_ok g t mnext T) :
+    onlineInv g s v (T * t) (onlineFoldG g s v t mnext m0 T) :=
+  online_invariant_g g s v t mnext m0 T hok (onlineInv_init g s v m0) T (Nat.le_refl T)
+
+theorem div_zero_zero : div (KAlg.zero : R) KAlg.zero = KAlg.zero := mul_0_l _
+
+/-- ONLINE-AGG, masked: acc / l is the shifted quotient for any valid shift M (-inf only when
+    every key is masked), and a row with every key masked gives 0. -/
+theorem online_agg_guard (g : Nat → Bool) (s v : Nat → R) (t : Nat)
+    (mnext : Nat → Ext R → Ext R) (m0 M : Ext R) (T : Nat) (hok : online_max_ok g t mnext T)
+    (hM : ∀ j, j < T * t → M = Ext.ninf → g j = false) :
     div (onlineFoldG g s v t mnext m0 T).st_acc (onlineFoldG g s v t mnext m0 T).st_l
-      = div (sumTo (T * t) (fun j => KAlg.mul (cond (g j) (KAlg.exp (sub (s j) M)) KAlg.zero) (v j)))
-            (sumTo (T * t) (fun j => cond (g j) (KAlg.exp (sub (s j) M)) KAlg.zero)) := by
-  have h1 : sumTo (T * t) (fun j => KAlg.mul (cond (g j) (KAlg.exp (sub (s j) M)) KAlg.zero) (v j))
-      = sumTo (T * t) (fun j =>
-          KAlg.mul (KAlg.mul (cond (g j) (KAlg.exp (s j)) KAlg.zero) (KAlg.exp (KAlg.neg M))) (v j)) :=
-    sumTo_ext (T * t) _ _ (fun j _ => congrArg (fun z => KAlg.mul z (v j)) (cond_exp (g j) (s j) M))
-  have h2 : sumTo (T * t) (fun j => cond (g j) (KAlg.exp (sub (s j) M)) KAlg.zero)
-      = sumTo (T * t) (fun j => KAlg.mul (cond (g j) (KAlg.exp (s j)) KAlg.zero) (KAlg.exp (KAlg.neg M))) :=
-    sumTo_ext (T * t) _ _ (fun j _ => cond_exp (g j) (s j) M)
-  have h3 := ratio_scale (T * t) (fun j => cond (g j) (KAlg.exp (s j)) KAlg.zero) v
-    (KAlg.exp (KAlg.neg M)) (exp_ne_zero _)
-  rw [h1, h2]
-  exact (online_ratio_w (fun j m => cond (g j) (KAlg.exp (sub (s j) m)) KAlg.zero)
-    (fun j => cond (g j) (KAlg.exp (s j)) KAlg.zero) v t mnext m0 T
-    (fun j mm => cond_exp (g j) (s j) mm)).trans h3.symm
+      = div (sumTo (T * t) (fun j =>
+              KAlg.mul (if g j = true then expd (Ext.fin (s j)) M else KAlg.zero) (v j)))
+            (sumTo (T * t) (fun j => if g j = true then expd (Ext.fin (s j)) M else KAlg.zero))
+    ∧ ((∀ j, j < T * t → g j = false) →
+      div (onlineFoldG g s v t mnext m0 T).st_acc (onlineFoldG g s v t mnext m0 T).st_l
+        = KAlg.zero) := by
+  have hinv := online_invariant g s v t mnext m0 T hok
+  unfold onlineInv at hinv
+  generalize hF : onlineFoldG g s v t mnext m0 T = F at hinv ⊢
+  have hmasked : (∀ j, j < T * t → g j = false) → div F.st_acc F.st_l = KAlg.zero := by
+    intro hg
+    have hz := eg_masked_sum g s v (T * t) hg
+    cases hm : F.st_m with
+    | fin x =>
+      rw [hm] at hinv
+      rw [hinv.1, hinv.2, hz.1, hz.2, mul_0_r]; exact div_zero_zero
+    | ninf =>
+      rw [hm] at hinv
+      rw [hinv.1, hinv.2.1]; exact div_zero_zero
+  refine ⟨?_, hmasked⟩
+  cases M with
+  | fin mu =>
+    have h1 : sumTo (T * t) (fun j =>
+          KAlg.mul (if g j = true then expd (Ext.fin (s j)) (Ext.fin mu) else KAlg.zero) (v j))
+        = sumTo (T * t) (fun j => KAlg.mul (KAlg.mul (eg g s j) (KAlg.exp (KAlg.neg mu))) (v j)) :=
+      sumTo_ext _ _ _ (fun j _ => by rw [weight_fin])
+    have h2 : sumTo (T * t) (fun j => if g j = true then expd (Ext.fin (s j)) (Ext.fin mu) else KAlg.zero)
+        = sumTo (T * t) (fun j => KAlg.mul (eg g s j) (KAlg.exp (KAlg.neg mu))) :=
+      sumTo_ext _ _ _ (fun j _ => weight_fin g s j mu)
+    rw [h1, h2, ratio_scale (T * t) (eg g s) v (KAlg.exp (KAlg.neg mu)) (exp_ne_zero _)]
+    cases hm : F.st_m with
+    | fin x =>
+      rw [hm] at hinv
+      rw [hinv.1, hinv.2]; exact div_cancel_l _ _ _ (exp_ne_zero _)
+    | ninf =>
+      rw [hm] at hinv
+      have hz := eg_masked_sum g s v (T * t) hinv.2.2
+      rw [hinv.1, hinv.2.1, hz.1, hz.2]
+  | ninf =>
+    have hg : ∀ j, j < T * t → g j = false := fun j hj => hM j hj rfl
+    rw [hmasked hg]
+    have e1 : sumTo (T * t) (fun j =>
+          KAlg.mul (if g j = true then expd (Ext.fin (s j)) Ext.ninf else KAlg.zero) (v j)) = KAlg.zero :=
+      sumTo_zero_ext _ _ (fun j hj => by simp only [hg j hj]; exact mul_0_l (v j))
+    have e2 : sumTo (T * t) (fun j => if g j = true then expd (Ext.fin (s j)) Ext.ninf else KAlg.zero)
+        = KAlg.zero :=
+      sumTo_zero_ext _ _ (fun j hj => by simp only [hg j hj]; rfl)
+    rw [e1, e2]; exact div_zero_zero.symm
+
+/-- ONLINE-AGG, unmasked: every tile has live keys, so the running max must be finite -/
+theorem online_agg (s v : Nat → R) (t : Nat) (mnext : Nat → Ext R → Ext R) (m0 : Ext R) (M : R)
+    (T : Nat) (hm : ∀ o m, o < T → mnext o m ≠ Ext.ninf) :
+    div (onlineFold s v t mnext m0 T).st_acc (onlineFold s v t mnext m0 T).st_l
+      = div (sumTo (T * t) (fun j => KAlg.mul (KAlg.exp (sub (s j) M)) (v j)))
+            (sumTo (T * t) (fun j => KAlg.exp (sub (s j) M))) :=
+  (online_agg_guard (fun _ => true) s v t mnext m0 (Ext.fin M) T
+    (fun o m ho e => absurd e (hm o m ho)) (fun _ _ e => by cases e)).1
 
 end Derivc

@@ -13,7 +13,7 @@ theorem sumTo_tile (n t : Nat) (f : Nat → R) :
     rw [succ_mul' n t, sumTo_app (n * t) t f, ih,
       sumTo_S n (fun o => sumTo t (fun i => f (o * t + i)))]
 
-theorem maxTo_tile (n t : Nat) (f : Nat → R) :
+theorem maxTo_tile (n t : Nat) (f : Nat → Ext R) :
     maxTo (n * t) f = maxTo n (fun o => maxTo t (fun i => f (o * t + i))) := by
   induction n with
   | zero => rw [Nat.zero_mul, maxTo_O f, maxTo_O (fun o => maxTo t (fun i => f (o * t + i)))]
@@ -34,17 +34,17 @@ theorem sumTo_tile_guard (N n t : Nat) (f : Nat → R) (hN : N ≤ n * t) :
   have h3 := sumTo_tile n t (fun p => if p < N then f p else KAlg.zero)
   exact (h2.symm.trans h1.symm).trans h3
 
-theorem maxTo_tile_guard (N n t : Nat) (f : Nat → R) (hN : N ≤ n * t) :
+theorem maxTo_tile_guard (N n t : Nat) (f : Nat → Ext R) (hN : N ≤ n * t) :
     maxTo N f
       = maxTo n (fun o => maxTo t (fun i =>
-          if o * t + i < N then f (o * t + i) else KAlg.ninf)) := by
-  have h1 : maxTo (n * t) (fun p => if p < N then f p else KAlg.ninf)
-      = maxTo N (fun p => if p < N then f p else KAlg.ninf) :=
-    maxTo_trunc (n * t) N (fun p => if p < N then f p else KAlg.ninf)
+          if o * t + i < N then f (o * t + i) else Ext.ninf)) := by
+  have h1 : maxTo (n * t) (fun p => if p < N then f p else Ext.ninf)
+      = maxTo N (fun p => if p < N then f p else Ext.ninf) :=
+    maxTo_trunc (n * t) N (fun p => if p < N then f p else Ext.ninf)
       (fun j hj _ => if_neg (by omega)) hN
-  have h2 : maxTo N (fun p => if p < N then f p else KAlg.ninf) = maxTo N f :=
-    maxTo_ext N (fun p => if p < N then f p else KAlg.ninf) f (fun i hi => if_pos hi)
-  have h3 := maxTo_tile n t (fun p => if p < N then f p else KAlg.ninf)
+  have h2 : maxTo N (fun p => if p < N then f p else Ext.ninf) = maxTo N f :=
+    maxTo_ext N (fun p => if p < N then f p else Ext.ninf) f (fun i hi => if_pos hi)
+  have h3 := maxTo_tile n t (fun p => if p < N then f p else Ext.ninf)
   exact (h2.symm.trans h1.symm).trans h3
 
 /-- the usual instance: ceilDiv N t outer iterations -/
@@ -54,10 +54,10 @@ theorem sumTo_tile_ceil (N t : Nat) (f : Nat → R) (ht : 0 < t) :
           if o * t + i < N then f (o * t + i) else KAlg.zero)) :=
   sumTo_tile_guard N (ceilDiv N t) t f (ceilDiv_ge N t ht)
 
-theorem maxTo_tile_ceil (N t : Nat) (f : Nat → R) (ht : 0 < t) :
+theorem maxTo_tile_ceil (N t : Nat) (f : Nat → Ext R) (ht : 0 < t) :
     maxTo N f
       = maxTo (ceilDiv N t) (fun o => maxTo t (fun i =>
-          if o * t + i < N then f (o * t + i) else KAlg.ninf)) :=
+          if o * t + i < N then f (o * t + i) else Ext.ninf)) :=
   maxTo_tile_guard N (ceilDiv N t) t f (ceilDiv_ge N t ht)
 
 /-- a tiled generator writes position p as (p / t, p % t) -/
