@@ -93,7 +93,7 @@ theorem weight_fin (g : Nat → Bool) (s : Nat → R) (j : Nat) (y : R) :
 
 theorem sumTo_masked (g : Nat → Bool) (f : Nat → R) (n : Nat) (hg : ∀ j, j < n → g j = false) :
     sumTo n (fun j => if g j = true then f j else KAlg.zero) = KAlg.zero :=
-  sumTo_zero_ext n _ (fun j hj => by simp only [hg j hj]; rfl)
+  sumTo_zero_ext n _ (fun j hj => by simp only [hg j hj] <;> rfl)
 
 theorem onlineFoldG_S (g : Nat → Bool) (s v : Nat → R) (t : Nat) (mnext : Nat → Ext R → Ext R)
     (m0 : Ext R) (T : Nat) :
@@ -104,8 +104,8 @@ theorem onlineFoldG_S (g : Nat → Bool) (s v : Nat → R) (t : Nat) (mnext : Na
 theorem eg_masked_sum (g : Nat → Bool) (s v : Nat → R) (n : Nat) (hg : ∀ j, j < n → g j = false) :
     sumTo n (eg g s) = KAlg.zero ∧ sumTo n (fun j => KAlg.mul (eg g s j) (v j)) = KAlg.zero := by
   constructor
-  · exact sumTo_zero_ext n _ (fun j hj => by unfold eg; simp only [hg j hj]; rfl)
-  · exact sumTo_zero_ext n _ (fun j hj => by unfold eg; simp only [hg j hj]; exact mul_0_l (v j))
+  · exact sumTo_zero_ext n _ (fun j hj => by unfold eg; simp only [hg j hj] <;> rfl)
+  · exact sumTo_zero_ext n _ (fun j hj => by unfold eg; simp only [hg j hj] <;> exact mul_0_l (v j))
 
 /-- the tile sums under a finite new max y -/
 theorem tile_sums (g : Nat → Bool) (s v : Nat → R) (t T : Nat) (y : R) :
@@ -135,41 +135,48 @@ theorem online_invariant_g (g : Nat → Bool) (s v : Nat → R) (t : Nat)
   | succ T' ih =>
     have ih := ih (by omega)
     rw [onlineFoldG_S]
-    generalize hst : onlineFoldG g s v t mnext m0 T' = st at ih
+    generalize hst : onlineFoldG g s v t mnext m0 T' = st at ih ⊢
     have hsum := tile_sums g s v t T'
     rw [succ_mul' T' t]
     unfold onlineInv at ih ⊢
     unfold onlineStepW
-    dsimp only
     cases hm : mnext T' st.st_m with
     | fin y =>
       cases hx : st.st_m with
       | fin x =>
-        rw [hx] at ih hm
-        rw [hx, rescale_fin, ih.1, ih.2, (hsum y).1, (hsum y).2, sumTo_app, sumTo_app,
+        -- finite -> finite: the usual rescale
+        simp only [hx] at ih
+        obtain ⟨hl, ha⟩ := ih
+        dsimp only
+        rw [rescale_fin, hl, ha, (hsum y).1, (hsum y).2, sumTo_app, sumTo_app,
           rescale_step, rescale_step]
         exact ⟨rfl, rfl⟩
       | ninf =>
-        rw [hx] at ih hm
-        have hz := eg_masked_sum g s v (T' * t) ih.2.2
-        rw [hx, rescale_ninf_l, ih.1, ih.2.1, mul_0_l, mul_0_l, add_0_l, add_0_l,
-          (hsum y).1, (hsum y).2, sumTo_app, sumTo_app, hz.1, hz.2, add_0_l, add_0_l,
-          KAlg.mul_comm (KAlg.exp (KAlg.neg y)), KAlg.mul_comm (KAlg.exp (KAlg.neg y))]
-        exact ⟨rfl, rfl⟩
+        -- -inf -> finite: nothing live so far, the first live tile
+        simp only [hx] at ih
+        obtain ⟨hl, ha, hmask⟩ := ih
+        have hz := eg_masked_sum g s v (T' * t) hmask
+        dsimp only
+        rw [rescale_ninf_l, hl, ha, mul_0_l, add_0_l, add_0_l, (hsum y).1, (hsum y).2,
+          sumTo_app, sumTo_app, hz.1, hz.2, add_0_l, add_0_l]
+        exact ⟨KAlg.mul_comm _ _, KAlg.mul_comm _ _⟩
     | ninf =>
+      -- -> -inf: only from -inf, over a fully masked tile (online_max_ok)
       have hk := hok T' st.st_m (by omega) hm
-      have hx := hk.1
-      rw [hx] at ih
+      simp only [hk.1] at ih
+      obtain ⟨hl, ha, hmask⟩ := ih
+      dsimp only
       refine ⟨?_, ?_, ?_⟩
-      · rw [ih.1, mul_0_l, add_0_l]
-        exact sumTo_zero_ext t _ (fun i hi => by simp only [hk.2 i hi]; rfl)
-      · rw [ih.2.1, mul_0_l, add_0_l]
-        exact sumTo_zero_ext t _ (fun i hi => by simp only [hk.2 i hi]; exact mul_0_l _)
+      · rw [hl, mul_0_l, add_0_l]
+        exact sumTo_zero_ext t _ (fun i hi => by simp only [hk.2 i hi] <;> rfl)
+      · rw [ha, mul_0_l, add_0_l]
+        exact sumTo_zero_ext t _ (fun i hi => by simp only [hk.2 i hi] <;> exact mul_0_l _)
       · intro j hj
         by_cases hlt : j < T' * t
-        · exact ih.2.2 j hlt
+        · exact hmask j hlt
         · have e : j = T' * t + (j - T' * t) := by omega
-          rw [e]; exact hk.2 (j - T' * t) (by omega)
+          rw [e]
+          exact hk.2 (j - T' * t) (by omega)
 
 theorem onlineInv_init (g : Nat → Bool) (s v : Nat → R) (m0 : Ext R) :
     onlineInv g s v 0 (OState.mk m0 KAlg.zero KAlg.zero) := by
@@ -207,11 +214,13 @@ theorem online_agg_guard (g : Nat → Bool) (s v : Nat → R) (t : Nat)
     have hz := eg_masked_sum g s v (T * t) hg
     cases hm : F.st_m with
     | fin x =>
-      rw [hm] at hinv
-      rw [hinv.1, hinv.2, hz.1, hz.2, mul_0_r]; exact div_zero_zero
+      simp only [hm] at hinv
+      rw [hinv.1, hinv.2, hz.1, hz.2, mul_0_r]
+      exact div_zero_zero
     | ninf =>
-      rw [hm] at hinv
-      rw [hinv.1, hinv.2.1]; exact div_zero_zero
+      simp only [hm] at hinv
+      rw [hinv.1, hinv.2.1]
+      exact div_zero_zero
   refine ⟨?_, hmasked⟩
   cases M with
   | fin mu =>
@@ -225,21 +234,23 @@ theorem online_agg_guard (g : Nat → Bool) (s v : Nat → R) (t : Nat)
     rw [h1, h2, ratio_scale (T * t) (eg g s) v (KAlg.exp (KAlg.neg mu)) (exp_ne_zero _)]
     cases hm : F.st_m with
     | fin x =>
-      rw [hm] at hinv
-      rw [hinv.1, hinv.2]; exact div_cancel_l _ _ _ (exp_ne_zero _)
+      simp only [hm] at hinv
+      rw [hinv.1, hinv.2]
+      exact div_cancel_l _ _ _ (exp_ne_zero _)
     | ninf =>
-      rw [hm] at hinv
-      have hz := eg_masked_sum g s v (T * t) hinv.2.2
-      rw [hinv.1, hinv.2.1, hz.1, hz.2]
+      simp only [hm] at hinv
+      obtain ⟨hl, ha, hmask⟩ := hinv
+      have hz := eg_masked_sum g s v (T * t) hmask
+      rw [hl, ha, hz.1, hz.2]
   | ninf =>
     have hg : ∀ j, j < T * t → g j = false := fun j hj => hM j hj rfl
     rw [hmasked hg]
     have e1 : sumTo (T * t) (fun j =>
           KAlg.mul (if g j = true then expd (Ext.fin (s j)) Ext.ninf else KAlg.zero) (v j)) = KAlg.zero :=
-      sumTo_zero_ext _ _ (fun j hj => by simp only [hg j hj]; exact mul_0_l (v j))
+      sumTo_zero_ext _ _ (fun j hj => by simp only [hg j hj] <;> exact mul_0_l (v j))
     have e2 : sumTo (T * t) (fun j => if g j = true then expd (Ext.fin (s j)) Ext.ninf else KAlg.zero)
         = KAlg.zero :=
-      sumTo_zero_ext _ _ (fun j hj => by simp only [hg j hj]; rfl)
+      sumTo_zero_ext _ _ (fun j hj => by simp only [hg j hj] <;> rfl)
     rw [e1, e2]; exact div_zero_zero.symm
 
 /-- ONLINE-AGG, unmasked: every tile has live keys, so the running max must be finite -/
