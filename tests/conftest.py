@@ -165,3 +165,65 @@ def test_rules(monkeypatch):
     for r in (IdentityRule(), CorruptRule(), RefuseRule()):
         monkeypatch.setitem(RULES, r.name, r)
     return RULES
+
+
+# --------------------------------------------------------------------------- parallel runs
+#
+# The suite runs under pytest-xdist (`-n auto --dist loadgroup`, README).  Modules whose
+# module-scoped fixture is expensive (a wheel, a compiled Coq library, every example's kernel)
+# run on one worker, so the fixture is built once; the other tests spread over the workers.
+
+ONE_WORKER_MODULES = frozenset({
+    "test_packaging.py", "test_codegen_examples.py", "test_proof_library.py", "test_obligations_mutation.py",
+})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in ONE_WORKER_MODULES:
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def coqc_once_per_obligation(tmp_path_factory):
+    """Within one test run, coqc checks each obligation text against each compiled library
+    once: several tests build the same examples and check the same obligations.  A different
+    text (a corrupted obligation), file name or library (another directory, or one rebuilt:
+    All.vo changes) is checked anew.  Results are shared by the xdist workers through files
+    written atomically under the run's temporary directory."""
+    import hashlib
+    import json
+    import os
+    import subprocess
+
+    try:
+        from proofs_ci import coqlib
+    except ImportError:
+        yield
+        return
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # .../pytest-N/popen-gwK: share .../pytest-N between the workers
+    results = root / "coqc-results"
+    results.mkdir(exist_ok=True)
+    check = coqlib.check_obligation
+
+    def check_once(vfile, lib_dir=coqlib.COQ_DIR, timeout: float = 300) -> subprocess.CompletedProcess:
+        vfile, lib = Path(vfile).resolve(), Path(lib_dir).resolve()
+        built = lib / "All.vo"
+        stamp = [built.stat().st_mtime_ns, built.stat().st_size] if built.exists() else None
+        key = hashlib.sha256(json.dumps([vfile.name, vfile.read_text(), str(lib), stamp]).encode()).hexdigest()
+        entry = results / f"{key}.json"
+        if entry.exists():
+            r = json.loads(entry.read_text())
+            return subprocess.CompletedProcess(r["args"], r["returncode"], r["stdout"], r["stderr"])
+        r = check(vfile, lib_dir, timeout)
+        tmp = results / f"{key}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps({"args": [str(a) for a in r.args], "returncode": r.returncode,
+                                   "stdout": r.stdout, "stderr": r.stderr}))
+        os.replace(tmp, entry)
+        return r
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(coqlib, "check_obligation", check_once)
+        yield

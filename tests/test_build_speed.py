@@ -18,7 +18,7 @@ from compiler.checksizes import tile_constraints
 from compiler.derive import TOLERANCE, derive
 from compiler.ir import Program
 from compiler.spec import load_spec_file
-from derivc_testing import GEMM_YAML, ROOT
+from derivc_testing import GEMM_YAML, ROOT, gemm_yaml
 
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 FLASH = ROOT / "examples" / "flash_attention.yaml"
@@ -159,3 +159,26 @@ def test_build_stdout_unchanged_by_progress(tmp_path, monkeypatch):
     (plain_out, plain_err), (tty_out, tty_err) = outputs
     assert plain_out == tty_out and "wrote" in plain_out
     assert plain_err == "" and f"building {spec}: derived" in tty_err
+
+
+# --------------------------------------------------------------------------- coqc once per text
+
+
+@pytest.mark.skipif(__import__("shutil").which("coqc") is None, reason="coqc not installed")
+def test_an_obligation_edited_in_place_is_checked_again(tmp_path):
+    """The test run checks each obligation text once (conftest): the same file name with a
+    corrupted text must still fail."""
+    from compiler.cli import main
+    from compiler.verify import coq_library
+    from proofs_ci import coqlib
+
+    spec = tmp_path / "gemm.yaml"
+    spec.write_text(gemm_yaml([{"rule": "tile", "def": "C", "index": "i", "size": 16}]))
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["--plain", "build", str(spec), "-o", str(tmp_path / "b"), "--no-codegen", "--seed", "1"]) == 0
+    (vfile,) = (tmp_path / "b" / "proofs").glob("Step01*.v")
+    lib = coq_library()
+    assert coqlib.check_obligation(vfile, lib).returncode == 0
+    assert coqlib.check_obligation(vfile, lib).returncode == 0  # served once checked
+    vfile.write_text(vfile.read_text() + "\nTheorem derivc_not_provable : False.\nProof. auto. Qed.\n")
+    assert coqlib.check_obligation(vfile, lib).returncode != 0
