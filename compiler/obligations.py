@@ -515,6 +515,11 @@ def obligation_for(rec, before: Program, after: Program) -> Obligation:
         gen = GENERATORS.get(rec.kind)
     if gen is None:
         raise ExportError(f"no obligation generator for {rec.kind}")
+    # the program's interface is part of the frame: no rule changes it
+    for what, b, a in (("sizes", before.sizes, after.sizes), ("inputs", before.inputs, after.inputs),
+                       ("output", before.output, after.output)):
+        if b != a:
+            raise ExportError(f"the step changed the program's {what}, outside any rewrite site")
     ob = gen(rec, before, after)
     changed = {getattr(rec.parsed, "def_", None)} | set(rec.raw_facts.get("into", ()))
     if rec.kind == "FUSE" and rec.rule == "unfuse":

@@ -162,3 +162,25 @@ def test_tile_editing_another_definition_fails(monkeypatch, tmp_path, coq_lib):
     d = derive(load_spec_file(FLASH), str(FLASH), check=False, upto=5)
     ok = _check_steps(d, tmp_path, coq_lib, {5})
     assert not ok[5]
+
+
+def test_step_changing_the_output_fails(monkeypatch, tmp_path, coq_lib):
+    """A CACHE step that also renames the program's output: the frame refuses to export it and
+    the step's .v fails coqc on purpose."""
+    cache = RULES["cache"]
+    orig = type(cache).rewrite
+
+    def bad(self, prog, p, facts):
+        new = orig(self, prog, p, facts)
+        return replace(new, output=next(d.name for d in new.defs if d.name != new.output)
+                       if len(new.defs) > 1 else new.inputs[0][0])
+
+    monkeypatch.setattr(cache, "rewrite", types.MethodType(bad, cache))
+    d = derive(load_spec_file(GEMM), str(GEMM), check=False, upto=5)
+    assert d.steps[-1].kind == "CACHE"
+    obligations.write_obligations(d, tmp_path / "proofs")
+    index = json.loads((tmp_path / "proofs" / "index.json").read_text())["steps"]
+    assert index[-1]["status"] == "not generated" and "output" in index[-1]["error"]
+    from proofs_ci import coqlib
+
+    assert coqlib.check_obligation(tmp_path / "proofs" / index[-1]["files"]["coq"], coq_lib).returncode != 0
