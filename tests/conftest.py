@@ -178,10 +178,17 @@ ONE_WORKER_MODULES = frozenset({
 })
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups off the markers
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in ONE_WORKER_MODULES:
             item.add_marker(pytest.mark.xdist_group(item.path.stem))
+        elif item.path.name == "test_obligations.py" and hasattr(item, "callspec"):
+            # the tests of one example check the same obligations: one after the other, the
+            # later ones find coqc's results (coqc_once_per_obligation)
+            example = item.callspec.params.get("name", item.callspec.params.get("spec"))
+            if example is not None:
+                item.add_marker(pytest.mark.xdist_group(f"obligations-{Path(str(example)).stem}"))
 
 
 @pytest.fixture(scope="session", autouse=True)
