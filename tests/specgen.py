@@ -59,6 +59,8 @@ def gemm_case(rng: random.Random, idx: int) -> Case:
     elif mapping == "mma_sync":
         bm, bn, bk = rng.choice([64, 128]), rng.choice([64, 128]), rng.choice([32, 64])
         wm, wn = rng.choice([(2, 2), (4, 1), (2, 4), (4, 2)])
+        if bm // wm < 32:  # a 16-row warp tile with a wide n tile spills in the mma.sync template
+            wm = max(1, bm // 32)
         while (bm // wm) * (bn // wn) > 64 * 32:  # keep the warp tile's accumulators in registers
             wm, wn = (wm * 2, wn) if bm // wm >= bn // wn else (wm, wn * 2)
     else:

@@ -77,6 +77,8 @@ def print_kernel(k: Kernel, options: tuple[str, ...]) -> Printed:
             reasons.append(str(exc))
     if not reasons:
         raise UnsupportedMapping(f"no mapping prints instruction {instr!r}")
+    # a mapping whose kernel shape does not fit at all says least: its reason goes last
+    reasons.sort(key=lambda r: "the kernel is not" in r)
     raise UnsupportedMapping(" | ".join(reasons))
 
 

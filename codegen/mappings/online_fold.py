@@ -150,7 +150,8 @@ def match(k: Kernel, mapping: str) -> tuple[AttentionPlan, FoldMask]:
         raise refuse(mapping, f"the output's last index {sidx[-1]} is not the head-dim lane {dl}")
     rest = sidx[-2] - Aff.of(row)
     if sidx[-2].coef(row) != 1 or rest.const or len(rest.terms) != 1 or rest.terms[0][0] not in grid_vars:
-        raise refuse(mapping, f"the output row index {sidx[-2]} is not BM * query tile + {row}")
+        raise refuse(mapping, f"the output row index {sidx[-2]} is not BM * query tile + {row} "
+                     "(this mapping needs [batch.., rows, D] layouts)")
     qt, bm = rest.terms[0]
     batch = {}
     for pos, a in enumerate(sidx[:-2]):
