@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 from codegen import launch
-from codegen.ctx_common import DEFAULT_OPTIONS, Sizes, batch, contraction_grid_ctx, ident, params, source, tile_axis
+from codegen.ctx_common import DEFAULT_OPTIONS, Sizes, batch, ident, params, source, tile_axis
 from codegen.source import KernelSource
 from compiler.machine import DEVICE, DTYPES
 from codegen.plan import AttentionPlan, check_plan

@@ -39,7 +39,7 @@ H200, 2026-11-29 (codegen/devtools/wgmma_check.py, do_bench median, 4 rotating i
 from __future__ import annotations
 
 from codegen import launch
-from codegen.ctx_common import DEFAULT_OPTIONS, Sizes, batch, contraction_grid_ctx, ident, params, source, tile_axis
+from codegen.ctx_common import DEFAULT_OPTIONS, Sizes, contraction_grid_ctx, ident, params, source
 from codegen.source import KernelSource
 from compiler.machine import DEVICE, DTYPES
 from codegen.plan import ContractionPlan, check_plan, threads

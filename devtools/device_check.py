@@ -31,7 +31,7 @@ def _build(args):
     t = time.time()
     try:
         code, err, out = build_case(case, WORK)
-    except Exception as exc:  # noqa: BLE001
+    except Exception:  # noqa: BLE001
         code, err, out = -1, traceback.format_exc(limit=3), None
     mapping = json.loads((out / "plan.json").read_text())["mapping"] if code == 0 else None
     return {"name": case.name, "exit": code, "error": err, "mapping": mapping, "expect": case.mapping,

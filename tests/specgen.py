@@ -177,6 +177,21 @@ def attention_case(rng: random.Random, idx: int) -> Case:
     return Case(name, spec, expect, why, run_sizes=run, tags=tags)
 
 
+def simt_nocache(statement: str, name: str) -> dict:
+    """An f32 contraction over one dynamic size N on the SIMT mapping, no CACHE steps."""
+    return {"name": name, "sizes": {"N": "dynamic"},
+            "inputs": {"A": {"shape": ["N", "N"], "dtype": "f32"}, "B": {"shape": ["N", "N"], "dtype": "f32"}},
+            "statements": [statement], "output": {"tensor": "C", "dtype": "f32"}, "check_sizes": {"N": 70},
+            "schedule": [{"rule": "tile", "def": "C", "index": "i", "size": 32},
+                         {"rule": "tile", "def": "C", "index": "j", "size": 32},
+                         {"rule": "reorder", "def": "C", "outer": "ii", "inner": "jo"},
+                         {"rule": "tile", "def": "C", "index": "k", "size": 16},
+                         {"rule": "parallel", "def": "C", "index": "io", "to": "grid.y"},
+                         {"rule": "parallel", "def": "C", "index": "jo", "to": "grid.x"},
+                         {"rule": "parallel", "def": "C", "index": "ii", "to": "warp", "count": 2},
+                         {"rule": "cache", "def": "C", "accumulator": "ko", "level": "register", "dtype": "f32"}]}
+
+
 def _mask_tag(mask: str | None) -> str:
     if mask is None:
         return "full"

@@ -10,15 +10,15 @@ import pytest
 import yaml
 
 from codegen import kir_interp
-from codegen.build import CodegenError, lower_checked
-from codegen.kir import Compute, Stage, TileLoop
+from codegen.kir import Compute, TileLoop
 from codegen.lower import LoweringError, lower
 from codegen.mappings import print_kernel
 from codegen.ctx_common import DEFAULT_OPTIONS
 from compiler.cli import main as cli_main
 from compiler.derive import derive
-from compiler.ir import Bin, Cond, Const, Read, Select
+from compiler.ir import Bin, Const, Read, Select
 from compiler.spec import load_spec_file
+from specgen import simt_nocache
 
 ROOT = Path(__file__).resolve().parents[1]
 EX = ROOT / "examples"
@@ -162,20 +162,6 @@ def test_masked_contraction_on_simt_prints_the_condition(tmp_path):
     code, err, out = build(tmp_path, spec)
     assert code == 0, err
     assert "(v_ki + 16 * v_ko) <= (v_ii + 64 * v_io)" in (out / "kernel.cu").read_text()
-
-
-def simt_nocache(statement: str, name: str) -> dict:
-    return {"name": name, "sizes": {"N": "dynamic"},
-            "inputs": {"A": {"shape": ["N", "N"], "dtype": "f32"}, "B": {"shape": ["N", "N"], "dtype": "f32"}},
-            "statements": [statement], "output": {"tensor": "C", "dtype": "f32"}, "check_sizes": {"N": 70},
-            "schedule": [{"rule": "tile", "def": "C", "index": "i", "size": 32},
-                         {"rule": "tile", "def": "C", "index": "j", "size": 32},
-                         {"rule": "reorder", "def": "C", "outer": "ii", "inner": "jo"},
-                         {"rule": "tile", "def": "C", "index": "k", "size": 16},
-                         {"rule": "parallel", "def": "C", "index": "io", "to": "grid.y"},
-                         {"rule": "parallel", "def": "C", "index": "jo", "to": "grid.x"},
-                         {"rule": "parallel", "def": "C", "index": "ii", "to": "warp", "count": 2},
-                         {"rule": "cache", "def": "C", "accumulator": "ko", "level": "register", "dtype": "f32"}]}
 
 
 def test_transposed_operand_changes_the_kernel(tmp_path):

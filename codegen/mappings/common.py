@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from compiler.ir import Aff, Cond, Const, Expr, Read, Select
 
-from ..kir import Buffer, Kernel, Stage
+from ..kir import Kernel
+from ..source import KernelSource, Launch
 from ..lower import UnsupportedMapping
 from ..plan import GridAxis, Operand
 
@@ -51,33 +52,6 @@ def staged(e: Expr) -> tuple[tuple[Cond, ...], Read]:
     raise UnsupportedMapping(f"staged value is not a (zero-filled) tensor read: {e}")
 
 
-def stage_rows(st: Stage, loop_or_grid: set[str], batch: dict[int, str], mapping: str
-               ) -> tuple[str, int, tuple[Cond, ...]]:
-    """A staged [rows, cols] tile of a row-major tensor: T[batch..., tile * g + r, c].
-
-    Returns (g, tile, guard).  The buffer's first dim must walk the tensor's second-to-last
-    dimension and its second dim the last one (contiguous rows); batch positions must be read
-    at the grid variables given by `batch` (position -> variable)."""
-    conds, read = staged(st.value)
-    b: Buffer = st.buf
-    if len(b.dims) != 2:
-        raise refuse(mapping, f"buffer {b.name} is not a 2-D tile")
-    (r, _), (c, _) = b.dims
-    idx = read.idx
-    if len(idx) < 2:
-        raise refuse(mapping, f"buffer {b.name}: tensor {read.tensor} has rank {len(idx)} < 2")
-    for pos, a in enumerate(idx[:-2]):
-        want = batch.get(pos)
-        if want is None or a != Aff.of(want):
-            raise refuse(mapping, f"buffer {b.name}: {read.tensor}'s dimension {pos} is read at {a}, "
-                         f"not at the block's batch index")
-    if idx[-1] != Aff.of(c):
-        raise refuse(mapping, f"buffer {b.name}: {read.tensor}[..., {idx[-2]}, {idx[-1]}] is not read "
-                     f"row-major (the tile's second dim {c} must be the tensor's last, contiguous one)")
-    g, tile = tile_coord(idx[-2], loop_or_grid, r, mapping, f"buffer {b.name}")
-    return g, tile, conds
-
-
 def grid_axes(k: Kernel, tiles: dict[str, tuple[str, int]]) -> tuple[GridAxis, ...]:
     """GridAxis per grid variable: the size it enumerates (tiles: var -> (size, tile))."""
     out = []
@@ -101,3 +75,10 @@ def bound_cond(c: Cond, var_tile: tuple[str, int], local: str) -> str | None:
     if len(r.terms) == 1 and r.terms[0][1] == 1 and not r.const:
         return r.terms[0][0]
     return None
+
+
+def launch_of(k: Kernel, ks: KernelSource, extras: tuple[str, ...] = ()) -> Launch:
+    """The launch of a printed kernel: grid from the kernel IR, block and shared memory from the
+    source, arguments in the kernel IR's order (tensors, dynamic sizes, then `extras`)."""
+    return Launch(tuple((g.axis, g.ext) for g in k.grid), ks.threads, ks.smem_bytes,
+                  tuple(t.name for t in k.tensors), k.dynamic(), extras)

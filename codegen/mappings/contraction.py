@@ -23,18 +23,8 @@ from ..kir import Kernel, Stage, TileLoop
 from ..plan import ContractionPlan
 from ..render import render_contraction
 from ..render_wgmma import encode_tensor_maps, render_wgmma, tma_supported
-from ..source import KernelSource, Launch
-from . import Mapping, Printed, Variant, register
-from .common import bound_cond, grid_axes, operand, refuse, size_name, staged
-
-
-def _tile_index(a: Aff, local: str, vars_: set[str], what: str, mapping: str) -> tuple[str, int]:
-    if a.coef(local) != 1:
-        raise refuse(mapping, f"{what}: index {a} does not run over {local}")
-    rest = a - Aff.of(local)
-    if rest.const or len(rest.terms) != 1 or rest.terms[0][0] not in vars_:
-        raise refuse(mapping, f"{what}: index {a} is not tile * block index + {local}")
-    return rest.terms[0][0], rest.terms[0][1]
+from .registry import Mapping, Printed, Variant, register
+from .common import bound_cond, grid_axes, launch_of, operand, refuse, size_name, staged, tile_coord
 
 
 def _product(e: Expr, mapping: str) -> tuple[tuple, Read, Read, Reduce]:
@@ -78,8 +68,8 @@ def match(k: Kernel, mapping: str) -> ContractionPlan:
         raise refuse(mapping, "the output tile must be 2-D (rows x cols lanes)")
     lane_r, lane_c = k.lanes[0].var, k.lanes[1].var
     grid_vars = {g.var for g in k.grid}
-    g_m, bm = _tile_index(sidx[-2], lane_r, grid_vars, "output rows", mapping)
-    g_n, bn = _tile_index(sidx[-1], lane_c, grid_vars, "output cols", mapping)
+    g_m, bm = tile_coord(sidx[-2], grid_vars, lane_r, mapping, "output rows")
+    g_n, bn = tile_coord(sidx[-1], grid_vars, lane_c, mapping, "output cols")
     batch = {pos: a.terms[0][0] for pos, a in enumerate(sidx[:-2])
              if len(a.terms) == 1 and a.terms[0][1] == 1 and not a.const and a.terms[0][0] in grid_vars}
     if len(batch) != len(sidx) - 2:
@@ -108,7 +98,6 @@ def match(k: Kernel, mapping: str) -> ContractionPlan:
     c_op = operand(k, out.name, "global", mapping)
     m, n = c_op.dims[-2], c_op.dims[-1]
     kdim = a_op.dims[-1]
-    loop_vars = grid_vars | {loop.var}
     # A tile [BM, BK] row-major over [.., M, K]
     (ar, bm_a), (ac, bk) = sa.buf.dims
     _check_batch(a_read, batch, mapping)
@@ -196,11 +185,6 @@ def _at_read(conds: tuple, buf, read: Read) -> set:
 
 
 
-def _launch(k: Kernel, ks: KernelSource, extras: tuple[str, ...] = ()) -> Launch:
-    return Launch(tuple((g.axis, g.ext) for g in k.grid), ks.threads, ks.smem_bytes,
-                  tuple(t.name for t in k.tensors), k.dynamic(), extras)
-
-
 def _promises(plan: ContractionPlan) -> dict:
     staged_ops = [op for op in (plan.a, plan.b) if op.level == "shared"]
     return {"expect_mma": plan.mma, "expect_async_copy": bool(staged_ops) and plan.stages > 1,
@@ -213,7 +197,7 @@ def _print_mma_sync(k: Kernel, options: tuple[str, ...]) -> Printed:
     if plan.mma != "mma_sync":
         raise refuse(name, f"the tile product is mapped to {plan.mma}")
     ks = render_contraction(plan, options)
-    return Printed("contraction_mma_sync", k, plan, (Variant("kernel", ks, _launch(k, ks)),), _promises(plan))
+    return Printed("contraction_mma_sync", k, plan, (Variant("kernel", ks, launch_of(k, ks)),), _promises(plan))
 
 
 def _print_wgmma(k: Kernel, options: tuple[str, ...]) -> Printed:
@@ -226,7 +210,7 @@ def _print_wgmma(k: Kernel, options: tuple[str, ...]) -> Printed:
         ks_tma = render_wgmma(plan, options, tma=True)
     except ValueError as exc:
         raise refuse(name, str(exc)) from None
-    variants = (Variant("kernel", ks, _launch(k, ks)), Variant("kernel_tma", ks_tma, _launch(k, ks_tma, ("tma_maps",))))
+    variants = (Variant("kernel", ks, launch_of(k, ks)), Variant("kernel_tma", ks_tma, launch_of(k, ks_tma, ("tma_maps",))))
     return Printed("contraction_wgmma", k, plan, variants, _promises(plan))
 
 

@@ -28,9 +28,8 @@ from ..kir import Compute, Kernel, Stage, TileLoop
 from ..plan import AttentionPlan
 from ..render import render_fold
 from ..render_attn_wgmma import encode_attn_tensor_maps, render_attn_wgmma
-from ..source import KernelSource, Launch
-from . import Mapping, Printed, Variant, register
-from .common import bound_cond, grid_axes, operand, refuse, size_name, staged
+from .registry import Mapping, Printed, Variant, register
+from .common import bound_cond, grid_axes, launch_of, operand, refuse, size_name, staged
 
 NEG_INF = Const(float("-inf"))
 
@@ -261,11 +260,6 @@ def _plan_sizes(plan: AttentionPlan) -> tuple[str, ...]:
     return tuple(dict.fromkeys(d for op in (plan.q, plan.k, plan.v, plan.o) for d in op.dims))
 
 
-def _launch(k: Kernel, ks: KernelSource, extras: tuple[str, ...] = ()) -> Launch:
-    return Launch(tuple((g.axis, g.ext) for g in k.grid), ks.threads, ks.smem_bytes,
-                  tuple(t.name for t in k.tensors), k.dynamic(), extras)
-
-
 def _promises(plan: AttentionPlan) -> dict:
     return {"expect_mma": plan.mma, "expect_async_copy": plan.k.level == "shared" and plan.stages > 1,
             "forbid_spills": True}
@@ -280,7 +274,7 @@ def _print_mma_sync(k: Kernel, options: tuple[str, ...]) -> Printed:
         ks = render_fold(plan, mask_context(mask, plan), options)
     except ValueError as exc:
         raise refuse(name, str(exc)) from None
-    return Printed("online_fold_mma_sync", k, plan, (Variant("kernel", ks, _launch(k, ks)),), _promises(plan))
+    return Printed("online_fold_mma_sync", k, plan, (Variant("kernel", ks, launch_of(k, ks)),), _promises(plan))
 
 
 def _print_wgmma(k: Kernel, options: tuple[str, ...]) -> Printed:
@@ -292,7 +286,7 @@ def _print_wgmma(k: Kernel, options: tuple[str, ...]) -> Printed:
         ks = render_attn_wgmma(plan, mask_context(mask, plan), options)
     except ValueError as exc:
         raise refuse(name, str(exc)) from None
-    return Printed("online_fold_wgmma", k, plan, (Variant("kernel", ks, _launch(k, ks, ("tma_maps",))),),
+    return Printed("online_fold_wgmma", k, plan, (Variant("kernel", ks, launch_of(k, ks, ("tma_maps",))),),
                    {**_promises(plan), "expect_async_copy": True})
 
 

@@ -222,8 +222,8 @@ def render(k: Kernel, options: tuple[str, ...]) -> tuple[KernelSource, Launch]:
     return ks, launch
 
 
-def _print(k: Kernel, options: tuple[str, ...]) -> "Printed":
-    from . import Printed, Variant
+def _print(k: Kernel, options: tuple[str, ...]):
+    from .registry import Printed, Variant
 
     ks, launch = render(k, options)
     return Printed(NAME, k, None, (Variant("kernel", ks, launch),),
@@ -231,7 +231,7 @@ def _print(k: Kernel, options: tuple[str, ...]) -> "Printed":
 
 
 def _register() -> None:
-    from . import Mapping, register
+    from .registry import Mapping, register
 
     register(Mapping(NAME, "any", None, _print))
 

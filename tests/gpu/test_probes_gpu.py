@@ -16,6 +16,7 @@ if not torch.cuda.is_available():
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
+from specgen import simt_nocache  # noqa: E402
 
 
 def load_spec(name: str) -> dict:
@@ -50,20 +51,6 @@ def test_strict_and_plain_causal(tmp_path, source, mask):
     for n in (1, 77, 256, 333):
         check(d, k, {"B": 2, "H": 2, "N": n}, seed=n)
     check(d, k, {"B": 1, "H": 2, "N": 200}, seed=9, scale=8.0)  # large logits
-
-
-def simt_nocache(statement: str, name: str) -> dict:
-    return {"name": name, "sizes": {"N": "dynamic"},
-            "inputs": {"A": {"shape": ["N", "N"], "dtype": "f32"}, "B": {"shape": ["N", "N"], "dtype": "f32"}},
-            "statements": [statement], "output": {"tensor": "C", "dtype": "f32"}, "check_sizes": {"N": 70},
-            "schedule": [{"rule": "tile", "def": "C", "index": "i", "size": 32},
-                         {"rule": "tile", "def": "C", "index": "j", "size": 32},
-                         {"rule": "reorder", "def": "C", "outer": "ii", "inner": "jo"},
-                         {"rule": "tile", "def": "C", "index": "k", "size": 16},
-                         {"rule": "parallel", "def": "C", "index": "io", "to": "grid.y"},
-                         {"rule": "parallel", "def": "C", "index": "jo", "to": "grid.x"},
-                         {"rule": "parallel", "def": "C", "index": "ii", "to": "warp", "count": 2},
-                         {"rule": "cache", "def": "C", "accumulator": "ko", "level": "register", "dtype": "f32"}]}
 
 
 @pytest.mark.parametrize("stmt", ["C[i, j] = sum(k: A[k, i] * B[k, j])", "C[i, j] = sum(k: A[i, k] * B[k, j])",
