@@ -29,7 +29,7 @@ Mapping of the plan onto the machine:
 Recommended schedule: d128 block 128x128, warps 8, stages 3 (230,480 B of shared memory);
 d64 block 128x128, warps 8, stages 3. With stages 2 the overlap starves (the slot of tile j-1 is
 held while tile j computes): use overlap=False there, or 3 stages.
-H200, one run (codegen/devtools/attn_wgmma_check.py; 160/160 correct vs an fp32 reference, f16/bf16,
+H200, one run (a developer script of that session, since replaced by devtools/device_check.py; 160/160 correct vs an fp32 reference, f16/bf16,
 d64/d128, causal/not, tails, Nq != Nk, Nk = 0), f16 TFLOP/s, do_bench median, 3 rotating input sets,
 same process as torch SDPA FLASH (FA2) and CUDNN:
     d128 b4h16 s4k   full   : 128x128 s3 overlap 564 (1.69x FA2, 0.98x cuDNN 573); s2 no-overlap 531; s2 overlap 446

@@ -31,7 +31,7 @@ Two kernels per plan:
     (encode_tensor_maps: libcuda cuTensorMapEncodeTiled through ctypes, 256 bytes copied to the
     device; extra last kernel argument) and tma_supported(plan, sizes, ptrs) (K and, for B
     stored [K, N], N multiples of 8; 16-byte aligned bases). ~0.99-1.0x cuBLAS at 8192^3.
-H200, 2026-11-29 (codegen/devtools/wgmma_check.py, do_bench median, 4 rotating input sets),
+H200, 2026-11-29 (a developer script of that session, since replaced by devtools/device_check.py; do_bench median, 4 rotating input sets),
 128x256x64, 4 stages, 2 consumer warpgroups, TFLOP/s (ratio to torch.matmul in the same run):
     8192^3 f16: tma 652 (0.99), cp.async 378 (0.58), cuBLAS 656;  bf16: tma 673 (1.00), cuBLAS 672
     4096^3 f16: tma 647 (0.93), cp.async 383 (0.55), cuBLAS 695;  bf16: tma 701 (0.96), cuBLAS 730
