@@ -1,10 +1,9 @@
 """AttentionPlan with mma='wgmma' -> CUDA source for a Hopper (sm_90a) FlashAttention kernel, FA3
 structure (templates/online_fold_wgmma.cu.j2 + constructs/wgmma_attn.cu.j2).
 
-The lead dispatches here from render.py / launch.py / runtime.py when ``plan.mma == 'wgmma'``:
+codegen.mappings.online_fold prints with it when the kernel IR's fold products are mapped to wgmma:
 
-    ks = render_attn_wgmma(plan)                               # KernelSource, same contract as render()
-    grid, block, smem = launch_config_attn_wgmma(plan, sizes)
+    ks = render_attn_wgmma(plan, mask)   # mask: online_fold.mask_context; grid from the kernel IR
     maps = encode_attn_tensor_maps(plan, sizes, q_ptr, k_ptr, v_ptr)   # 384 bytes -> device memory
     kernel args: (q, k, v, o, *dynamic sizes as int32, tmaps device pointer)
 
@@ -42,7 +41,6 @@ same process as torch SDPA FLASH (FA2) and CUDNN:
 from __future__ import annotations
 
 import math
-from codegen import launch
 from codegen.ctx_common import DEFAULT_OPTIONS, Sizes, batch, ident, params, source, tile_axis
 from codegen.source import KernelSource
 from compiler.machine import DEVICE, DTYPES
@@ -97,10 +95,6 @@ def _geometry(p: AttentionPlan) -> dict:
                 SN=bn // 2, ON=d // 2, KT=bn // 16)
 
 
-def smem_bytes_attn_wgmma(plan: AttentionPlan) -> int:
-    return _geometry(plan)["smem_bytes"]
-
-
 def _context(p: AttentionPlan, mask: dict, overlap: bool) -> dict:
     g = _geometry(p)
     sz = Sizes(p)
@@ -141,14 +135,6 @@ def render_attn_wgmma(plan: AttentionPlan, mask: dict, options: tuple[str, ...] 
     return source("online_fold_wgmma.cu.j2", _context(plan, mask, overlap), options)
 
 
-def launch_config_attn_wgmma(plan: AttentionPlan, sizes: dict[str, int], tma: bool = True
-                             ) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
-    """(grid, block, dynamic shared-memory bytes): grid as launch.launch_config (one block per
-    query tile x batch dims), block = consumer warps + the producer warpgroup, the kernel's own
-    shared-memory size (tiles + mbarriers + 1024-byte alignment slack)."""
-    grid = launch.grid_dims(plan, sizes)
-    g = _geometry(plan)
-    return grid, (g["threads"], 1, 1), g["smem_bytes"]
 
 
 # ---------------------------------------------------------------- TMA tensor maps (host side)

@@ -1,9 +1,8 @@
 """ContractionPlan with mma='wgmma' -> CUDA source for Hopper warpgroup tensor cores (sm_90a).
 
-The lead dispatches here from render.py / launch.py when ``plan.mma == 'wgmma'``:
+codegen.mappings.contraction prints with it when the kernel IR's tile product is mapped to wgmma:
 
-    ks = render_wgmma(plan)                              # KernelSource, same contract as render()
-    grid, block, smem = launch_config_wgmma(plan, sizes)
+    ks = render_wgmma(plan)          # KernelSource; the launch grid comes from the kernel IR
 
 Mapping of the plan onto the machine:
   * warps: ``warps_m`` must be a multiple of 4. The warps form ``warps_m // 4`` x ``warps_n``
@@ -38,7 +37,6 @@ H200, 2026-11-29 (a developer script of that session, since replaced by devtools
 """
 from __future__ import annotations
 
-from codegen import launch
 from codegen.ctx_common import DEFAULT_OPTIONS, Sizes, contraction_grid_ctx, ident, params, source
 from codegen.source import KernelSource
 from compiler.machine import DEVICE, DTYPES
@@ -105,10 +103,6 @@ def _geometry(p: ContractionPlan, tma: bool = False) -> dict:
     return g
 
 
-def smem_bytes_wgmma(plan: ContractionPlan, tma: bool = False) -> int:
-    return _geometry(plan, tma)["smem_bytes"]
-
-
 def _context(p: ContractionPlan, tma: bool = False) -> dict:
     g = _geometry(p, tma)
     sz = Sizes(p)
@@ -171,14 +165,6 @@ def render_wgmma(plan: ContractionPlan, options: tuple[str, ...] = DEFAULT_OPTIO
     return source("contraction_wgmma.cu.j2", _context(plan, tma), options)
 
 
-def launch_config_wgmma(plan: ContractionPlan, sizes: dict[str, int], tma: bool = False
-                        ) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
-    """(grid, block, dynamic shared-memory bytes): grid as launch.launch_config, the wgmma
-    kernel's own shared-memory size (ring + 1024-byte alignment slack, >= epilogue staging);
-    tma adds the producer warpgroup (128 threads) and the mbarriers."""
-    grid = launch.grid_dims(plan, sizes)
-    g = _geometry(plan, tma)
-    return grid, (g["threads"], 1, 1), g["smem_bytes"]
 
 
 # ---------------------------------------------------------------- TMA tensor maps (host side)

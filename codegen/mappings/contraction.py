@@ -191,27 +191,24 @@ def _promises(plan: ContractionPlan) -> dict:
             "forbid_spills": True}
 
 
-def _print_mma_sync(k: Kernel, options: tuple[str, ...]) -> Printed:
-    name = "contraction mma_sync"
+def _print(k: Kernel, options: tuple[str, ...], instr: str) -> Printed:
+    """Match the contraction, check its instruction, print it (wgmma: the cp.async kernel and the
+    warp-specialized TMA one, chosen per call); a printer's ValueError is a refusal."""
+    name = f"contraction {instr}"
     plan = match(k, name)
-    if plan.mma != "mma_sync":
-        raise refuse(name, f"the tile product is mapped to {plan.mma}")
-    ks = render_contraction(plan, options)
-    return Printed("contraction_mma_sync", k, plan, (Variant("kernel", ks, launch_of(k, ks)),), _promises(plan))
-
-
-def _print_wgmma(k: Kernel, options: tuple[str, ...]) -> Printed:
-    name = "contraction wgmma"
-    plan = match(k, name)
-    if plan.mma != "wgmma":
+    if plan.mma != instr:
         raise refuse(name, f"the tile product is mapped to {plan.mma}")
     try:
-        ks = render_wgmma(plan, options, tma=False)
-        ks_tma = render_wgmma(plan, options, tma=True)
+        if instr == "mma_sync":
+            ks = render_contraction(plan, options)
+            variants = (Variant("kernel", ks, launch_of(k, ks)),)
+        else:
+            ks, ks_tma = render_wgmma(plan, options, tma=False), render_wgmma(plan, options, tma=True)
+            variants = (Variant("kernel", ks, launch_of(k, ks)),
+                        Variant("kernel_tma", ks_tma, launch_of(k, ks_tma, ("tma_maps",))))
     except ValueError as exc:
         raise refuse(name, str(exc)) from None
-    variants = (Variant("kernel", ks, launch_of(k, ks)), Variant("kernel_tma", ks_tma, launch_of(k, ks_tma, ("tma_maps",))))
-    return Printed("contraction_wgmma", k, plan, variants, _promises(plan))
+    return Printed(f"contraction_{instr}", k, plan, variants, _promises(plan))
 
 
 def _host_wgmma(printed: Printed, sizes: dict[str, int], ptrs: tuple[int, ...]) -> tuple[int, bytes | None]:
@@ -223,8 +220,8 @@ def _host_wgmma(printed: Printed, sizes: dict[str, int], ptrs: tuple[int, ...]) 
 
 
 def _register() -> None:
-    register(Mapping("contraction_mma_sync", "contraction", "mma_sync", _print_mma_sync))
-    register(Mapping("contraction_wgmma", "contraction", "wgmma", _print_wgmma, _host_wgmma))
+    register(Mapping("contraction_mma_sync", "contraction", "mma_sync", lambda k, o: _print(k, o, "mma_sync")))
+    register(Mapping("contraction_wgmma", "contraction", "wgmma", lambda k, o: _print(k, o, "wgmma"), _host_wgmma))
 
 
 _register()

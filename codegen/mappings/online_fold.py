@@ -265,29 +265,20 @@ def _promises(plan: AttentionPlan) -> dict:
             "forbid_spills": True}
 
 
-def _print_mma_sync(k: Kernel, options: tuple[str, ...]) -> Printed:
-    name = "online_fold mma_sync"
+def _print(k: Kernel, options: tuple[str, ...], instr: str) -> Printed:
+    """Match the fold, check its instruction, print it; a printer's ValueError is a refusal."""
+    name = f"online_fold {instr}"
     plan, mask = match(k, name)
-    if plan.mma != "mma_sync":
+    if plan.mma != instr:
         raise refuse(name, f"the products are mapped to {plan.mma}")
+    wgmma = instr == "wgmma"
     try:
-        ks = render_fold(plan, mask_context(mask, plan), options)
+        ks = (render_attn_wgmma if wgmma else render_fold)(plan, mask_context(mask, plan), options)
     except ValueError as exc:
         raise refuse(name, str(exc)) from None
-    return Printed("online_fold_mma_sync", k, plan, (Variant("kernel", ks, launch_of(k, ks)),), _promises(plan))
-
-
-def _print_wgmma(k: Kernel, options: tuple[str, ...]) -> Printed:
-    name = "online_fold wgmma"
-    plan, mask = match(k, name)
-    if plan.mma != "wgmma":
-        raise refuse(name, f"the products are mapped to {plan.mma}")
-    try:
-        ks = render_attn_wgmma(plan, mask_context(mask, plan), options)
-    except ValueError as exc:
-        raise refuse(name, str(exc)) from None
-    return Printed("online_fold_wgmma", k, plan, (Variant("kernel", ks, launch_of(k, ks, ("tma_maps",))),),
-                   {**_promises(plan), "expect_async_copy": True})
+    promises = {**_promises(plan), "expect_async_copy": True} if wgmma else _promises(plan)  # TMA always copies
+    variant = Variant("kernel", ks, launch_of(k, ks, ("tma_maps",) if wgmma else ()))
+    return Printed(f"online_fold_{instr}", k, plan, (variant,), promises)
 
 
 def _host_wgmma(printed: Printed, sizes: dict[str, int], ptrs: tuple[int, ...]) -> tuple[int, bytes | None]:
@@ -295,8 +286,8 @@ def _host_wgmma(printed: Printed, sizes: dict[str, int], ptrs: tuple[int, ...]) 
 
 
 def _register() -> None:
-    register(Mapping("online_fold_mma_sync", "online_fold", "mma_sync", _print_mma_sync))
-    register(Mapping("online_fold_wgmma", "online_fold", "wgmma", _print_wgmma, _host_wgmma))
+    register(Mapping("online_fold_mma_sync", "online_fold", "mma_sync", lambda k, o: _print(k, o, "mma_sync")))
+    register(Mapping("online_fold_wgmma", "online_fold", "wgmma", lambda k, o: _print(k, o, "wgmma"), _host_wgmma))
 
 
 _register()

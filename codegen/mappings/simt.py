@@ -171,7 +171,7 @@ class _Printer:
         return out
 
     def loop(self, s: TileLoop) -> list[str]:
-        if free_indices_ext(s) & self.lane_vars:
+        if s.ext.names() & self.lane_vars:
             raise UnsupportedMapping(f"SIMT: the extent of tile loop {s.var} depends on a lane index")
         out = [f"float st_{st.name}[{self.pts}];" for st in s.state]
         self.states |= {st.name for st in s.state}
@@ -185,10 +185,6 @@ class _Printer:
         out += ["    " + line for line in inner + self.lane_loop(upd)] + ["}"]
         del self.names[s.var]
         return out
-
-
-def free_indices_ext(s: TileLoop) -> frozenset[str]:
-    return s.ext.names()
 
 
 def render(k: Kernel, options: tuple[str, ...]) -> tuple[KernelSource, Launch]:
