@@ -314,3 +314,20 @@ def test_mutated_rules_never_yield_a_kernel(tmp_path, monkeypatch, key):
     code, err, out = build(tmp_path, source)
     assert code == 3, err
     assert not out.exists()
+
+
+def test_fold_printer_refuses_a_partial_head_sum(tmp_path):
+    """A score that sums only part of the head dimension is not what the templates compute."""
+    from compiler.ir import Ext
+    from codegen.lower import UnsupportedMapping
+
+    d, k = _fold_kernel(tmp_path)
+    loop = next(s for s in k.body if isinstance(s, TileLoop))
+    s_stmt = [s for s in loop.body if isinstance(s, Compute)][0]
+    sel = s_stmt.value
+    red = sel.then.b
+    half = replace(s_stmt, value=Select(sel.conds, Bin("*", sel.then.a, replace(red, ext=Ext.of(64))), sel.other))
+    k2 = replace(k, body=tuple(replace(s, body=tuple(half if t is s_stmt else t for t in s.body))
+                               if s is loop else s for s in k.body))
+    with pytest.raises(UnsupportedMapping, match="head dimension"):
+        print_kernel(k2, DEFAULT_OPTIONS)

@@ -70,6 +70,8 @@ def match(k: Kernel, mapping: str) -> ContractionPlan:
     grid_vars = {g.var for g in k.grid}
     g_m, bm = tile_coord(sidx[-2], grid_vars, lane_r, mapping, "output rows")
     g_n, bn = tile_coord(sidx[-1], grid_vars, lane_c, mapping, "output cols")
+    if (k.lanes[0].extent, k.lanes[1].extent) != (bm, bn):
+        raise refuse(mapping, f"the output tile is {k.lanes[0].extent} x {k.lanes[1].extent}, not {bm} x {bn}")
     batch = {pos: a.terms[0][0] for pos, a in enumerate(sidx[:-2])
              if len(a.terms) == 1 and a.terms[0][1] == 1 and not a.const and a.terms[0][0] in grid_vars}
     if len(batch) != len(sidx) - 2:

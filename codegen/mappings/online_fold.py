@@ -165,6 +165,11 @@ def match(k: Kernel, mapping: str) -> tuple[AttentionPlan, FoldMask]:
     head = k.fixed().get(o_op.dims[-1])
     if head is None:
         raise refuse(mapping, f"the head dimension {o_op.dims[-1]} must be a fixed size")
+    fixed_sizes = k.fixed()
+    if not score.ext.names() <= set(fixed_sizes) or score.ext.evaluate(fixed_sizes) != head:
+        raise refuse(mapping, f"the score sums {e} < {score.ext}, not the whole head dimension {head}")
+    if (k.lanes[0].extent, k.lanes[1].extent) != (bm, head):
+        raise refuse(mapping, f"the output tile is {k.lanes[0].extent} x {k.lanes[1].extent}, not {bm} x {head}")
     for st, tile, var, seq in ((q_stage, bm, qt, q_op.dims[-2]), (k_stage, bn, loop.var, seq_k), (v_stage, bn, loop.var, v_op.dims[-2])):
         _check_tile(st, tile, var, seq, head, batch, mapping)
     for cc in k.store.guard:
