@@ -43,7 +43,12 @@ class TensorArg:
 
 @dataclass(frozen=True)
 class GridDim:
-    """Blocks along `axis` enumerate var < ext."""
+    """Blocks along `axis` enumerate var < ext.
+
+    Several grid dimensions may share one axis (PARALLEL of a second loop to a used axis): the
+    axis then enumerates the product of their extents, row-major in the kernel's grid order —
+    the first is the outermost, the last varies fastest.  With dims (v1 < E1, …, vk < Ek) on
+    axis a, vi = (blockIdx.a / (E(i+1) * … * Ek)) mod Ei (`axis_inner`)."""
 
     var: str
     ext: Ext
@@ -142,6 +147,15 @@ class Kernel:
 
     def dynamic(self) -> tuple[str, ...]:
         return tuple(n for n, v in self.sizes if v is None)
+
+
+def axis_inner(grid: tuple[GridDim, ...], var: str) -> tuple[tuple[Ext, ...], bool]:
+    """The extents of the grid dims after `var` on its axis (the divisor of its block index),
+    and whether a grid dim precedes it there (then its block index is taken mod its extent)."""
+    me = next(g for g in grid if g.var == var)
+    same = [g for g in grid if g.axis == me.axis]
+    k = same.index(me)
+    return tuple(g.ext for g in same[k + 1:]), k > 0
 
 
 def statements(body: tuple[Stmt, ...]) -> Iterator[Stmt]:
