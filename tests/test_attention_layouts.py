@@ -306,3 +306,51 @@ def test_new_examples_build_to_wgmma_kernels(example, tmp_path):
         pytest.skip("NVRTC not installed")
     sass = json.loads((out / "sass.json").read_text())
     assert sass["violations"] == [] and sass["hgmma"] and sass["local_memory_ops"] == 0
+
+
+# ------------------------------------------------------------------ the PARALLEL obligation of a shared axis
+@pytest.fixture(scope="module")
+def coq_lib(tmp_path_factory):
+    from compiler.verify import coq_library
+
+    return coq_library(tmp_path_factory.mktemp("coqlib"))
+
+
+def _axis_obligation(tmp: Path, lib: Path) -> tuple[str, bool]:
+    from compiler import obligations
+    from proofs_ci import coqlib
+
+    path = ROOT / "examples" / "attention_gqa.yaml"
+    d = derive(load_spec_file(path), str(path), check=False, upto=15)
+    files = obligations.write_obligations(d, tmp / "proofs")
+    index = json.loads((tmp / "proofs" / "index.json").read_text())["steps"]
+    e = next(e for e in index if e["kind"] == "PARALLEL" and "grid_axis" in
+             (tmp / "proofs" / e["files"]["coq"]).read_text())
+    vfile = tmp / "proofs" / e["files"]["coq"]
+    assert vfile in files
+    return vfile.read_text(), coqlib.check_obligation(vfile, lib).returncode == 0
+
+
+def test_shared_axis_obligation_is_checked_by_coq(tmp_path, coq_lib):
+    if coq_lib is None:
+        pytest.skip("no coqc")
+    text, ok = _axis_obligation(tmp_path, coq_lib)
+    assert "grid_axis_product" in text and "Nat.modulo" in text and ok
+
+
+def test_wrong_axis_decoding_fails_its_obligation(tmp_path, coq_lib, monkeypatch):
+    """Mutation: claim the joining loop is the block index divided by E (outer and inner swapped)."""
+    if coq_lib is None:
+        pytest.skip("no coqc")
+    from compiler import obligations as ob_mod
+
+    real = ob_mod._grid_axis_thm
+
+    def swapped(rec, before, after):
+        t = real(rec, before, after)
+        lt, div_eq, mod_eq = t.concl[1]
+        return replace(t, concl=("conj", [lt, ("eq", div_eq[1], mod_eq[2]), ("eq", mod_eq[1], div_eq[2])]))
+
+    monkeypatch.setattr(ob_mod, "_grid_axis_thm", swapped)
+    _, ok = _axis_obligation(tmp_path, coq_lib)
+    assert not ok
