@@ -48,7 +48,7 @@ class GridDim:
     Several grid dimensions may share one axis (PARALLEL of a second loop to a used axis): the
     axis then enumerates the product of their extents, row-major in the kernel's grid order —
     the first is the outermost, the last varies fastest.  With dims (v1 < E1, …, vk < Ek) on
-    axis a, vi = (blockIdx.a / (E(i+1) * … * Ek)) mod Ei (`axis_inner`)."""
+    axis a, vi = (blockIdx.a / (E(i+1) * … * Ek)) mod Ei (printed by `codegen.grid`)."""
 
     var: str
     ext: Ext
@@ -147,15 +147,6 @@ class Kernel:
 
     def dynamic(self) -> tuple[str, ...]:
         return tuple(n for n, v in self.sizes if v is None)
-
-
-def axis_inner(grid: tuple[GridDim, ...], var: str) -> tuple[tuple[Ext, ...], bool]:
-    """The extents of the grid dims after `var` on its axis (the divisor of its block index),
-    and whether a grid dim precedes it there (then its block index is taken mod its extent)."""
-    me = next(g for g in grid if g.var == var)
-    same = [g for g in grid if g.axis == me.axis]
-    k = same.index(me)
-    return tuple(g.ext for g in same[k + 1:]), k > 0
 
 
 def statements(body: tuple[Stmt, ...]) -> Iterator[Stmt]:
