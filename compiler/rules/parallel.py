@@ -15,10 +15,10 @@ heads of a group and query tiles has four grid loops):
     before:  for hk < HK @grid.y, g < G, …
     after:   for hk < HK @grid.y, g < G @grid.y, …     blockIdx.y = hk * G + g
 
-The axis then enumerates the product of its loops' extents, row-major in loop-nest order: the
-loop mapped first is the outermost, and a loop may join an axis only if it is nested inside
-every loop already on it (it becomes the axis's fastest-varying part, so the order the steps
-were written in is the order the kernel IR records).  Each such step is the bijection
+The axis then enumerates the product of its loops' extents, row-major in loop-nest order.  Grid
+loops are mapped outside-in (a grid loop may not sit inside an unmapped loop), so a loop joining
+an axis is nested inside every loop already on it: it becomes the axis's fastest-varying part,
+and the order the steps were written in is the order the kernel IR records.  Each such step is the bijection
 (x, i) <-> x * E + i between [0, X) x [0, E) and [0, X * E): the printers recover i as
 blockIdx mod E and x as blockIdx / E.
 Theorems: parallel_writes; grid_axis_product for a shared axis (lean/Derivc/Rules/Parallel.lean,
@@ -105,10 +105,9 @@ class Parallel(Rule):
             if lp.mapping is None:
                 continue
             if lp.mapping.level == "grid" and level == "grid" and lp.mapping.axis == axis:
-                if k > pos:
-                    raise self.fail(
-                        f"grid axis {axis} is already used by loop {lp.var}, which is nested inside {p.index}: "
-                        f"a loop joins a used axis as its fastest-varying part, so map {p.index} first")
+                # grid loops are mapped outside-in (below), so lp encloses p.index: the joining loop
+                # becomes the axis's fastest part and the kernel IR's loop order is the axis order
+                assert k < pos, "a grid loop nested inside an unmapped loop"
                 shared.append(lp.var)
             if k < pos and ORDER[lp.mapping.level] > ORDER[level]:
                 raise self.fail(f"{p.index} ({p.to}) is inside loop {lp.var} mapped to {lp.mapping}; reorder first")
