@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import codegen.ctx_common as ctx_common
-from codegen.ctx_common import DEFAULT_OPTIONS, Sizes, attn_addressing, with_roles
+from codegen.ctx_common import Sizes, attn_addressing, with_roles
 from codegen.grid import axis_blocks, block_index_c
 from codegen.kir import Kernel, Stage, TensorArg, TileLoop
 from codegen.lower import UnsupportedMapping, lower

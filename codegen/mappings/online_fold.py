@@ -35,7 +35,7 @@ from ..plan import AttentionPlan, Operand
 from ..render import render_fold
 from ..render_attn_wgmma import encode_attn_tensor_maps, render_attn_wgmma
 from .registry import Mapping, Printed, Variant, register
-from .common import bound_cond, grid_axes, launch_of, operand, refuse, size_name, staged
+from .common import bound_cond, grid_axes, launch_of, operand, refuse, staged
 
 NEG_INF = Const(float("-inf"))
 
