@@ -1,12 +1,16 @@
 """Template-context helpers shared by the tensor-core printers: C identifiers, size expressions,
-kernel parameters, batch offsets and the block -> tile order of contraction kernels."""
+kernel parameters, block indices (loops sharing a grid axis decomposed row-major), batch
+offsets and row strides of any attention layout, and the block -> tile order of contraction
+kernels."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from compiler.machine import DEVICE, DTYPES
 
-from codegen.plan import ContractionPlan, Operand, Plan, inputs, output
+from codegen.grid import block_index_c
+from codegen.plan import AttentionPlan, ContractionPlan, Operand, Plan, inputs, output
 from codegen.source import KernelSource
 from codegen.templates_env import render_template
 
@@ -38,6 +42,97 @@ class Sizes:
         rest = [self.expr(d) for d in op.dims[i + 1:]]
         return "(long long)" + " * ".join(["1"] + rest)
 
+    def stride_at(self, op: Operand, pos: int) -> str:
+        """Elements between neighbours along dim `pos` of a row-major operand (constants folded)."""
+        lit, names = 1, []
+        for d in op.dims[pos + 1:]:
+            if d in self.fixed:
+                lit *= int(self.fixed[d])
+            else:
+                names.append(self.expr(d))
+        if not names:
+            return str(lit)
+        return "(long long)" + " * ".join(names + ([str(lit)] if lit != 1 else []))
+
+    def extent(self, dim: str, tile: int) -> str:
+        """ceil(dim / tile) as C."""
+        e = self.expr(dim)
+        return e if tile == 1 else f"(({e} + {tile - 1}) / {tile})"
+
+
+def block_indices(plan: Plan, sz: Sizes) -> dict[str, str]:
+    """C block index of every grid loop (loops sharing an axis decomposed row-major, codegen.grid)."""
+    return block_index_c([(g.loop, sz.extent(g.dim, g.tile), g.axis) for g in plan.grid])
+
+
+def tile_index(plan: Plan, dim: str, tile: int, sz: Sizes) -> str:
+    """C block index of the grid loop that tiles `dim` by `tile`."""
+    for g in plan.grid:
+        if g.dim == dim:
+            if g.tile != tile:
+                raise ValueError(f"grid axis for {dim!r} tiles by {g.tile}, plan block is {tile}")
+            return block_indices(plan, sz)[g.loop]
+    raise ValueError(f"dim {dim!r} has no grid axis")
+
+
+def alone_on_axis(plan: Plan, loop: str) -> bool:
+    axis = next(g.axis for g in plan.grid if g.loop == loop)
+    return sum(g.axis == axis for g in plan.grid) == 1
+
+
+def attn_addressing(p: AttentionPlan, sz: Sizes) -> dict:
+    """Block-index declarations of the batch loops, and per operand (q, k, v, o) its batch
+    offset and row stride (`ld_*`), read off the operands' roles: any row-major layout whose
+    head dim is innermost ([B, H, N, D], [B, N, H, D], GQA's shared K / V heads)."""
+    bidx = block_indices(p, sz)
+    decls = [f"const long long bi_{ident(g.loop)} = {bidx[g.loop]};" for g in p.grid if g.tile == 1]
+    ctx: dict = {"batch_decls": decls}
+    for key, op in (("q", p.q), ("k", p.k), ("v", p.v), ("o", p.o)):
+        roles = op_roles(op)
+        if roles[-1] != "head":
+            raise ValueError(f"operand {op.name}: the head dim must be innermost (stride 1)")
+        terms = [f"bi_{ident(r)} * {sz.stride_at(op, i)}" for i, r in enumerate(roles) if r not in ("seq", "head")]
+        ctx[f"off_{key}"] = " + ".join(terms) if terms else "0"
+        ctx[f"ld_{key}"] = sz.stride_at(op, roles.index("seq"))
+    return ctx
+
+
+def with_roles(p: AttentionPlan) -> AttentionPlan:
+    """The plan with index roles on every operand: a plan built without them (by hand, in tests)
+    means the contiguous [batch.., seq, head] layout, each batch dim read at its grid loop."""
+    by_dim = {g.dim: g.loop for g in p.grid if g.tile == 1}
+
+    def fill(op: Operand) -> Operand:
+        if op.roles:
+            return op
+        missing = [d for d in op.dims[:-2] if d not in by_dim]
+        if missing:
+            raise ValueError(f"operand {op.name}: batch dims {missing} have no grid axis")
+        return replace(op, roles=tuple(by_dim[d] for d in op.dims[:-2]) + ("seq", "head"))
+
+    return replace(p, q=fill(p.q), k=fill(p.k), v=fill(p.v), o=fill(p.o))
+
+
+def op_roles(op: Operand) -> tuple[str, ...]:
+    if not op.roles:
+        raise ValueError(f"operand {op.name} carries no index roles (which dim is the row, the head, a batch loop)")
+    return op.roles
+
+
+def batch_groups(op: Operand) -> list[list[int]]:
+    """The operand's batch dims (roles naming a grid loop) in runs of adjacent dims: one run is
+    one dimension of a strided view (adjacent row-major dims flatten into one)."""
+    groups: list[list[int]] = []
+    roles = op_roles(op)
+    for i, r in enumerate(roles):
+        if r in ("seq", "head"):
+            continue
+        if groups and groups[-1][-1] == i - 1:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
 
 def params(plan: Plan, sz: Sizes) -> tuple[str, tuple[str, ...]]:
     short = ("a", "b") if isinstance(plan, ContractionPlan) else ("q", "k", "v")
@@ -57,6 +152,7 @@ def params(plan: Plan, sz: Sizes) -> tuple[str, tuple[str, ...]]:
 def batch(plan: Plan, sz: Sizes, ops: dict[str, Operand]) -> tuple[list[str], dict[str, str]]:
     """Block-index declarations for the batch dims and each operand's batch offset expression."""
     by_dim = {g.dim: g for g in plan.grid}
+    bidx = block_indices(plan, sz)
     decls = []
     for d in plan.batch:
         g = by_dim.get(d)
@@ -64,7 +160,7 @@ def batch(plan: Plan, sz: Sizes, ops: dict[str, Operand]) -> tuple[list[str], di
             raise ValueError(f"batch dim {d!r} has no grid axis")
         if g.tile != 1:
             raise ValueError(f"batch dim {d!r}: grid tile must be 1, got {g.tile}")
-        decls.append(f"const long long bi_{ident(d)} = blockIdx.{g.axis};")
+        decls.append(f"const long long bi_{ident(d)} = {bidx[g.loop]};")
     offs = {}
     for key, op in ops.items():
         terms = [f"bi_{ident(d)} * {sz.stride(op, d)}" for d in plan.batch if d in op.dims]
@@ -87,11 +183,13 @@ def contraction_grid_ctx(p: ContractionPlan, sz: Sizes) -> dict:
     decls, offs = batch(p, sz, {"a": p.a, "b": p.b, "c": p.c})
     ctx = dict(batch_decls=decls, off_a=offs["a"], off_b=offs["b"], off_c=offs["c"])
     ax_m, ax_n = tile_axis(p, p.m, p.block_m), tile_axis(p, p.n, p.block_n)
-    if {ax_m, ax_n} == {"x", "y"}:
+    alone = sum(g.axis in (ax_m, ax_n) for g in p.grid) == 2
+    if {ax_m, ax_n} == {"x", "y"} and alone:
         ctx["raster"] = dict(ax_m=ax_m, ax_n=ax_n, group=RASTER_GROUP)
     else:
         ctx["raster"] = None
-        ctx["tm_expr"], ctx["tn_expr"] = f"(int)blockIdx.{ax_m}", f"(int)blockIdx.{ax_n}"
+        ctx["tm_expr"] = f"(int){tile_index(p, p.m, p.block_m, sz)}"
+        ctx["tn_expr"] = f"(int){tile_index(p, p.n, p.block_n, sz)}"
     return ctx
 
 

@@ -43,7 +43,12 @@ class TensorArg:
 
 @dataclass(frozen=True)
 class GridDim:
-    """Blocks along `axis` enumerate var < ext."""
+    """Blocks along `axis` enumerate var < ext.
+
+    Several grid dimensions may share one axis (PARALLEL of a second loop to a used axis): the
+    axis then enumerates the product of their extents, row-major in the kernel's grid order —
+    the first is the outermost, the last varies fastest.  With dims (v1 < E1, …, vk < Ek) on
+    axis a, vi = (blockIdx.a / (E(i+1) * … * Ek)) mod Ei (printed by `codegen.grid`)."""
 
     var: str
     ext: Ext

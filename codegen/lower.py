@@ -2,7 +2,8 @@
 
 The translation is structural, never by names:
 
-- the definition's loops mapped to the grid (PARALLEL) become the grid; every other loop is a
+- the definition's loops mapped to the grid (PARALLEL) become the grid, in loop-nest order (loops
+  sharing a CUDA axis enumerate its blocks row-major in that order); every other loop is a
   lane dimension of the block's output tile and needs a fixed extent (TILE made it one);
 - a `Let` at a statement position becomes a `Stage` (a CACHE copy of a tensor) or a `Compute`
   (a register tile), with its dimensions, level and stages;
@@ -215,8 +216,6 @@ def lower(prog: Program, name: str) -> Kernel:
                 raise LoweringError(f"loop {lp.var} < {lp.ext} is not mapped to the grid and has no fixed extent: "
                                     "a thread block needs a fixed tile (TILE it, then PARALLEL the outer loop)")
             lanes.append(LaneDim(lp.var, n, lp.mapping))
-    if len({g.axis for g in grid}) != len(grid):
-        raise LoweringError(f"grid axes repeat: {[g.axis for g in grid]}")
     low = _Lowering(prog, d)
     body, value = low.expr(d.body)
     tensors = [TensorArg(n, t.dims, t.dtype) for n, t in prog.inputs]

@@ -7,6 +7,9 @@ It is plain data: frozen dataclasses, no behaviour beyond validation and small l
 ContractionPlan: c[batch..., m, n] = sum_k a[batch..., m, k] * b[batch..., k, n]
     (b stored [..., n, k] when b_transposed), fp32 accumulation, output dtype c.dtype.
 AttentionPlan: o[b,h,i,:] = sum_j softmax_j(scale * q[b,h,i,:].k[b,h,j,:], MASK) v[b,h,j,:]
+    for any layout whose head dim is innermost: each operand's `roles` say which dim holds the
+    rows and which grid loop addresses each other dim (e.g. [B, N, H, D]; GQA's K / V shared by
+    the query heads of a group);
     computed with the FlashAttention streaming fold (running max, running sum, rescaled accumulator);
     the mask and the key tile range are not plan fields: the printers print them from the kernel IR.
 
@@ -30,6 +33,9 @@ class Operand:
     dims: tuple[str, ...]  # size names, row-major contiguous (last dim has stride 1)
     dtype: str             # 'f16' | 'bf16' | 'f32'
     level: str             # where the kernel stages its tiles: 'global' | 'shared' | 'register'
+    # attention operands: per dim, the index it is read at — 'seq' (the tile rows), 'head' (the
+    # head dim, innermost) or the grid loop whose block index addresses it (a batch / head dim)
+    roles: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -144,9 +150,9 @@ def check_plan(plan: Plan) -> None:
             raise ValueError(f"grid axis {g.axis!r} for loop {g.loop!r} not in {AXES}")
         if g.tile < 1:
             raise ValueError(f"grid axis {g.axis}: tile must be >= 1")
-    axes = [g.axis for g in plan.grid]
-    if len(set(axes)) != len(axes):
-        raise ValueError(f"grid axes repeat: {axes}")
+    loops = [g.loop for g in plan.grid]
+    if len(set(loops)) != len(loops):
+        raise ValueError(f"grid loops repeat: {loops}")
     if isinstance(plan, ContractionPlan):
         a, b, c = plan.a, plan.b, plan.c
         bt = (plan.n, plan.k) if plan.b_transposed else (plan.k, plan.n)
@@ -165,13 +171,17 @@ def check_plan(plan: Plan) -> None:
         if plan.acc_dtype != "f32":
             raise ValueError("acc_dtype must be 'f32'")
     else:
-        for op in (plan.q, plan.k, plan.v, plan.o):
-            if len(op.dims) != len(plan.batch) + 2 or op.dims[:-2] != plan.batch:
+        grid_loops = {g.loop for g in plan.grid}
+        for op, seq in ((plan.q, plan.seq_q), (plan.k, plan.seq_k), (plan.v, plan.seq_k), (plan.o, plan.seq_q)):
+            roles = op.roles or tuple(f"batch:{d}" for d in op.dims[:-2]) + ("seq", "head")
+            if len(roles) != len(op.dims) or roles.count("seq") != 1 or roles[-1:] != ("head",):
+                raise ValueError(f"operand {op.name}: roles {roles} must name one seq dim and the head dim last")
+            if op.dims[roles.index("seq")] != seq:
+                raise ValueError(f"operand {op.name}: sequence dim must be {seq!r}")
+            if op.roles and any(r not in ("seq", "head") and r not in grid_loops for r in roles):
+                raise ValueError(f"operand {op.name}: roles {roles} name a loop that is not on the grid")
+            if not op.roles and op.dims[:-2] != plan.batch:
                 raise ValueError(f"operand {op.name}: dims {op.dims} must be batch + (seq, head_dim)")
-        if plan.q.dims[-2] != plan.seq_q or plan.o.dims[-2] != plan.seq_q:
-            raise ValueError(f"q / o sequence dim must be {plan.seq_q!r}")
-        if plan.k.dims[-2] != plan.seq_k or plan.v.dims[-2] != plan.seq_k:
-            raise ValueError(f"k / v sequence dim must be {plan.seq_k!r}")
         hd = {op.dims[-1] for op in (plan.q, plan.k, plan.v, plan.o)}
         if len(hd) != 1 or fixed.get(hd.pop()) != plan.head_dim:
             raise ValueError(f"head dim must be one fixed size equal to {plan.head_dim}")

@@ -10,8 +10,8 @@ import math
 from compiler.machine import DEVICE, DTYPES
 
 from codegen import launch
-from codegen.ctx_common import (DEFAULT_OPTIONS, Sizes, batch, contraction_grid_ctx, ident, params,
-                                source, tile_axis)
+from codegen.ctx_common import (DEFAULT_OPTIONS, Sizes, attn_addressing, contraction_grid_ctx, ident,
+                                params, source, tile_index, with_roles)
 from codegen.plan import AttentionPlan, ContractionPlan, check_plan, threads
 from codegen.source import KernelSource
 
@@ -92,6 +92,7 @@ def _contraction_ctx(p: ContractionPlan) -> dict:
 
 
 def _attention_ctx(p: AttentionPlan, mask: dict) -> dict:
+    p = with_roles(p)
     sz = Sizes(p)
     if p.mma != "mma_sync":
         raise ValueError(f"the mma.sync fold printer got mma={p.mma!r}")
@@ -132,9 +133,11 @@ def _attention_ctx(p: AttentionPlan, mask: dict) -> dict:
     lay = launch.smem_layout(p)
     ctx.update(smem_bytes=lay["total"], k_smem_off=lay.get("k", 0), v_smem_off=lay.get("v", 0),
                p_smem_off=lay.get("p", 0))
-    decls, offs = batch(p, sz, {"q": p.q, "k": p.k, "v": p.v, "o": p.o})
-    ctx.update(batch_decls=decls, off_q=offs["q"], off_k=offs["k"], off_v=offs["v"], off_o=offs["o"])
-    ctx["qtile_expr"] = f"(int)blockIdx.{tile_axis(p, p.seq_q, p.block_m)}"
+    ctx.update(attn_addressing(p, sz))  # batch offsets and row strides of the operands' layouts
+    for key in ("k", "v"):
+        ld = ctx[f"ld_{key}"]
+        ctx[f"step_{key}"] = str(p.block_n * int(ld)) if ld.isdigit() else f"{p.block_n} * {ld}"
+    ctx["qtile_expr"] = f"(int){tile_index(p, p.seq_q, p.block_m, sz)}"
     ctx["summary"] = (f"mma.sync d{d} {p.block_m}x{p.block_n}, warps {p.warps}, "
                       f"stages {p.stages}, q:{p.q.level} kv:{p.k.level}, mask {mask['has_mask']}, "
                       f"P in registers {p.p_in_registers}, swizzle {p.swizzle}")

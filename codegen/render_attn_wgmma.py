@@ -41,7 +41,8 @@ same process as torch SDPA FLASH (FA2) and CUDNN:
 from __future__ import annotations
 
 import math
-from codegen.ctx_common import DEFAULT_OPTIONS, Sizes, batch, ident, params, source, tile_axis
+from codegen.ctx_common import (DEFAULT_OPTIONS, Sizes, alone_on_axis, attn_addressing, batch_groups, ident, params,
+                                source, tile_index, with_roles)
 from codegen.source import KernelSource
 from compiler.machine import DEVICE, DTYPES
 from codegen.plan import AttentionPlan, check_plan
@@ -79,8 +80,10 @@ def _geometry(p: AttentionPlan) -> dict:
         raise ValueError(f"block_n={bn} must be a multiple of 16 and <= 256 (wgmma m64nNk16)")
     if p.stages < 2:
         raise ValueError("stages must be >= 2 for the K/V ring")
-    if len(p.batch) < 1:
-        raise ValueError("the TMA maps are 3-D [batch, seq, D]: the plan needs at least one batch dim")
+    for op in (p.q, p.k, p.v):
+        if 2 + len(batch_groups(op)) > 5:
+            raise ValueError(f"operand {op.name}: {len(batch_groups(op))} runs of non-adjacent batch dims need a "
+                             "TMA map of rank > 5")
     eb = DTYPES[p.q.dtype].bytes
     q_bytes, kv_stage = bm * d * eb, bn * d * eb
     k_off = q_bytes
@@ -96,6 +99,7 @@ def _geometry(p: AttentionPlan) -> dict:
 
 
 def _context(p: AttentionPlan, mask: dict, overlap: bool) -> dict:
+    p = with_roles(p)
     g = _geometry(p)
     sz = Sizes(p)
     dt = p.q.dtype
@@ -107,14 +111,25 @@ def _context(p: AttentionPlan, mask: dict, overlap: bool) -> dict:
     ctx.update(mask)
     param_list, names = params(p, sz)
     ctx["params"], ctx["_arg_names"] = param_list, names + ("tmaps",)
-    decls, offs = batch(p, sz, {"q": p.q, "k": p.k, "v": p.v, "o": p.o})
-    ctx.update(batch_decls=decls, off_o=offs["o"])
-    # row-major flat batch index (q, k, v, o all [batch..., seq, D], contiguous)
-    flat = f"bi_{ident(p.batch[0])}"
-    for b in p.batch[1:]:
-        flat = f"({flat}) * {sz.expr(b)} + bi_{ident(b)}"
-    ctx["flat_batch"] = flat
-    ctx["qax"] = tile_axis(p, p.seq_q, p.block_m)
+    ctx.update(attn_addressing(p, sz))  # batch offsets and row strides (O is stored directly)
+    # TMA coordinates beyond (column, row): one per run of adjacent batch dims (tma_view)
+    for key, op in (("q", p.q), ("k", p.k), ("v", p.v)):
+        coords = []
+        for run in batch_groups(op):
+            c = f"bi_{ident(op.roles[run[0]])}"
+            for i in run[1:]:
+                c = f"({c}) * {sz.expr(op.dims[i])} + bi_{ident(op.roles[i])}"
+            coords.append(f"(int)({c})")
+        ctx[f"{key}_rank"] = 2 + len(coords)
+        ctx[f"{key}_coords"] = "".join(", " + c for c in coords)
+    qloop = next(g for g in p.grid if g.dim == p.seq_q and g.tile == p.block_m)
+    raw = tile_index(p, p.seq_q, p.block_m, sz)
+    if not mask["heavy_first"]:
+        ctx["qt_expr"] = f"(int){raw}"
+    elif alone_on_axis(p, qloop.loop):
+        ctx["qt_expr"] = f"(int)(gridDim.{qloop.axis} - 1u - blockIdx.{qloop.axis})"
+    else:
+        ctx["qt_expr"] = f"(int)({sz.extent(p.seq_q, p.block_m)} - 1 - {raw})"
     ctx["summary"] = (f"TMA warp-specialized wgmma, d{p.head_dim} {p.block_m}x{p.block_n}, "
                       f"{g['NWG']} consumer warpgroups, stages {p.stages}, mask {mask['has_mask']}, "
                       f"overlap {overlap}, 128B swizzle")
@@ -147,8 +162,9 @@ def tma_supported_attn(plan: AttentionPlan, sizes: dict[str, int], ptrs: tuple[i
 def encode_attn_tensor_maps(plan: AttentionPlan, sizes: dict[str, int], q_ptr: int, k_ptr: int,
                             v_ptr: int) -> bytes:
     """The 384 bytes (maps of Q, K, V; 128 each) the kernel's last argument points to (copy them
-    to device memory, 64-byte aligned). 3-D maps {D, seq, flat batch}, boxes {64, block rows, 1},
-    128-byte swizzle, zero fill out of bounds; encoded through libcuda cuTensorMapEncodeTiled."""
+    to device memory, 64-byte aligned). Maps {D, seq, batch runs..} with the operand layout's own
+    strides (tma_view), boxes {64, block rows, 1..}, 128-byte swizzle, zero fill out of bounds;
+    encoded through libcuda cuTensorMapEncodeTiled."""
     import ctypes
 
     from codegen.tma import encode_tiled
@@ -156,15 +172,38 @@ def encode_attn_tensor_maps(plan: AttentionPlan, sizes: dict[str, int], q_ptr: i
         raise ValueError("attention TMA maps need 16-byte aligned bases and non-empty batch / queries")
     lib = ctypes.CDLL("libcuda.so.1")
     lib.cuTensorMapEncodeTiled.restype = ctypes.c_int
-    d = plan.head_dim
-    nb = 1
-    for b in plan.batch:
-        nb *= sizes[b]
-    nq = sizes[plan.seq_q]
     nk = sizes[plan.seq_k]
     if nk == 0:  # the kernel loads no K/V tile; keep the maps valid (an empty tensor may have no base)
-        nk, k_ptr, v_ptr = 1, q_ptr, q_ptr
-    q = encode_tiled(lib, plan.q.dtype, q_ptr, [d, nq, nb], [64, plan.block_m, 1])
-    k = encode_tiled(lib, plan.k.dtype, k_ptr, [d, nk, nb], [64, plan.block_n, 1])
-    v = encode_tiled(lib, plan.v.dtype, v_ptr, [d, nk, nb], [64, plan.block_n, 1])
-    return q + k + v
+        sizes = {**sizes, plan.seq_k: 1}
+        k_ptr = v_ptr = q_ptr
+    maps = b""
+    plan = with_roles(plan)
+    for op, ptr, rows in ((plan.q, q_ptr, plan.block_m), (plan.k, k_ptr, plan.block_n), (plan.v, v_ptr, plan.block_n)):
+        dims, strides = tma_view(op, sizes)
+        if nk == 0 and op is not plan.q:
+            dims, strides = [dims[0]] + [1] * (len(dims) - 1), strides
+        maps += encode_tiled(lib, op.dtype, ptr, dims, [64, rows] + [1] * (len(dims) - 2), strides)
+    return maps
+
+
+def tma_view(op, sizes: dict[str, int]) -> tuple[list[int], list[int]]:
+    """The strided view a TMA map reads an operand through: dims {head, rows, batch runs...}
+    (innermost first) and the element strides of dims 1.. — the row-major strides of the
+    operand's own layout (its roles), adjacent batch dims flattened into one run."""
+    ext = [sizes[d] for d in op.dims]
+
+    def stride(pos: int) -> int:
+        out = 1
+        for n in ext[pos + 1:]:
+            out *= n
+        return out
+
+    seq = op.roles.index("seq")
+    dims, strides = [ext[-1], ext[seq]], [stride(seq)]
+    for run in batch_groups(op):
+        n = 1
+        for i in run:
+            n *= ext[i]
+        dims.append(n)
+        strides.append(stride(run[-1]))
+    return dims, strides

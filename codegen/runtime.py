@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 from compiler.machine import DEVICE, DTYPES
 
+from .grid import axis_blocks
 from .mappings import Printed, mapping_named
 from .source import KernelSource
 
@@ -112,12 +113,12 @@ class CompiledKernel:
                                      "kernel indexes with 32-bit offsets; split the call (the SIMT mapping uses 64-bit)")
         grids = []
         for v in self.printed.variants:
-            grid = [1, 1, 1]
-            for axis, ext in v.launch.grid:
-                grid["xyz".index(axis)] = max(1, ext.evaluate(sizes))
+            # loops sharing an axis multiply (row-major, codegen.grid)
+            grid = axis_blocks(tuple((axis, ext.evaluate(sizes)) for axis, ext in v.launch.grid))
             for i, (n, lim) in enumerate(zip(grid, DEVICE.grid_limits)):
                 if n > lim:
-                    raise ValueError(f"grid axis {'xyz'[i]} needs {n} blocks > the device limit {lim}")
+                    loops = " * ".join(str(ext) for axis, ext in v.launch.grid if axis == "xyz"[i])
+                    raise ValueError(f"grid axis {'xyz'[i]} needs {n} blocks ({loops}) > the device limit {lim}")
             grids.append(tuple(grid))
         size_args = tuple(sizes[n] for n in self.kernel.dynamic())
         return _Shape(sizes, out_shape, tuple(grids), size_args, any(n == 0 for n in out_shape))

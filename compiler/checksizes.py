@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .errors import SpecError
+from .lower_spec import MAX_CHECK_POINTS
 from .ir import Def, Ext, Fold, Program, Reduce, Softmax, walk
 from .spec import SpecFile
 
@@ -103,6 +104,9 @@ def choose_check_sizes(
     if untiled and _largest_space(ir0, out) > BIG:
         for name in untiled:
             out[name] = 3
+    if untiled and _largest_space(ir0, out) > MAX_CHECK_POINTS:  # many batch dims (GQA: B, HK, G)
+        for name in untiled:
+            out[name] = 2
     return out
 
 

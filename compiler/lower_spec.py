@@ -255,6 +255,8 @@ def _check_work(spec: SpecFile, prog: Program) -> None:
     untiled = [n for n, v in prog.sizes if v is None and n not in tiles and n not in spec.check_sizes]
     if untiled and max(points(d) for d in prog.defs) > 2_000_000:  # as choose_check_sizes shrinks them
         sizes.update({n: 3 for n in untiled})
+    if untiled and max(points(d) for d in prog.defs) > MAX_CHECK_POINTS:
+        sizes.update({n: 2 for n in untiled})
     for d in prog.defs:
         if points(d) > MAX_CHECK_POINTS:
             shown = ", ".join(f"{n}={v}" for n, v in sizes.items())

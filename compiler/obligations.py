@@ -305,7 +305,30 @@ def ob_cache(rec, before: Program, after: Program) -> Obligation:
 
 
 def ob_parallel(rec, before: Program, after: Program) -> Obligation:
-    return ob_nest(rec, before, after, "parallel_writes")
+    ob = ob_nest(rec, before, after, "parallel_writes")
+    if rec.raw_facts.get("shares_axis_with"):
+        ob.thms.append(_grid_axis_thm(rec, before, after))
+        ob.checked += ("; the loop joins a used grid axis as its fastest part: block x * E + i of the axis "
+                       "decodes back to (x, i) with / and mod (grid_axis_product at the loop's extent E)")
+    return ob
+
+
+def _grid_axis_thm(rec, before: Program, after: Program) -> Thm:
+    """The shared axis enumerates x * E + i (x: the loops already on it, i < E the joining loop)."""
+    d = after.def_named(rec.parsed.def_)
+    lp = next(x for x in d.loops if x.var == rec.parsed.index)
+    ex = _exporter(before, after)
+    e = ex.ext(lp.ext, {})
+    x, big_x, i = V("blk_outer"), V("blk_outer_ext"), V("blk_" + lp.var)
+    flat = ("nop", "+", ("nop", "*", x, e), i)
+    concl = conj([("lt", flat, ("nop", "*", big_x, e)), ("eq", ("nop", "/", flat, e), x),
+                  ("eq", A("natmod", flat, e), i)])
+    binders = [(n, "nat") for n in ex.nat_vars] + [("blk_outer_ext", "nat"), ("blk_outer", "nat"),
+                                                     ("blk_" + lp.var, "nat")]
+    hyps = [("lt", x, big_x), ("lt", i, e)]
+    return Thm(_thm_name(rec, "_axis"), binders, hyps, concl,
+               "intros. apply grid_axis_product; assumption.",
+               "by\n  intros\n  exact grid_axis_product _ _ _ _ (by assumption) (by assumption)")
 
 
 def ob_assoc(rec, before: Program, after: Program) -> Obligation:

@@ -55,11 +55,11 @@ def conj(ps: list[Term]) -> Term:
 
 # --------------------------------------------------------------------------- rendering
 
-_COQ_HEADS = {"ltb": "Nat.ltb", "leb": "Nat.leb", "min": "Nat.min"}
+_COQ_HEADS = {"ltb": "Nat.ltb", "leb": "Nat.leb", "min": "Nat.min", "natmod": "Nat.modulo"}
 _LEAN_HEADS = {
     "zero": "KAlg.zero", "one": "KAlg.one", "ninf": "Ext.ninf", "Fin": "Ext.fin", "add": "KAlg.add",
     "mul": "KAlg.mul", "max": "emax", "exp": "KAlg.exp", "neg": "KAlg.neg", "inv": "KAlg.inv",
-    "ltb": "Nat.blt", "leb": "Nat.ble", "andb": "and", "min": "Nat.min", "pair": "Prod.mk",
+    "ltb": "Nat.blt", "leb": "Nat.ble", "andb": "and", "min": "Nat.min", "natmod": "Nat.mod", "pair": "Prod.mk",
     "fst": "Prod.fst", "snd": "Prod.snd", "mkOState": "OState.mk", "st_m": "OState.st_m",
     "st_l": "OState.st_l", "st_acc": "OState.st_acc",
 }

@@ -22,7 +22,7 @@ RULE_THEOREMS: dict[str, tuple[str, ...]] = {
     "SPLIT": ("sumTo_split",),
     "FUSE": ("gen_inline",),
     "CACHE": ("cache_read", "cache_read2"),
-    "PARALLEL": ("parallel_writes",),
+    "PARALLEL": ("parallel_writes", "grid_axis_product", "grid_axis_cover"),
     "ASSOC": ("sumTo_factor", "sumTo_add"),
     "SPLIT_SOFTMAX": ("softmax_split", "exp_ne_zero"),
     "ONLINE_AGG": ("online_agg", "online_invariant", "online_agg_guard"),

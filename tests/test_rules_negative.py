@@ -332,9 +332,11 @@ def test_parallel_of_loop_missing_from_store():
     refused(p, "parallel", "overwrite each other", **D("C"), index="i", to="grid.x")
 
 
-def test_parallel_grid_axis_used_twice():
+def test_parallel_second_loop_on_a_grid_axis_keeps_the_other_checks():
+    # a grid axis may carry several loops (row-major); the mapping itself is still checked
     p = apply(gemm(), "parallel", **D("C"), index="i", to="grid.x")
-    refused(p, "parallel", "already used", **D("C"), index="j", to="grid.x")
+    refused(p, "parallel", "already mapped", **D("C"), index="i", to="grid.x")
+    refused(p, "parallel", "count applies", **D("C"), index="j", to="grid.x", count=2)
 
 
 def test_parallel_grid_inside_warp():

@@ -4,7 +4,7 @@ tile range and scale off the kernel IR.
 The meaning these printers implement (names are the kernel IR's own; MASK any conjunction of
 affine conditions, printed by codegen.cexpr — never a flag):
 
-    stage Q_t[r < BM, e < D] = [bound] ? Q[batch.., BM*io + r, e] : 0
+    stage Q_t[r < BM, e < D] = [bound] ? Q[.., BM*io + r, .., e] : 0        (any layout, see below)
     for jo < EXT carrying (m = -inf, l = 0, acc = 0):            EXT printed as written (MASK skip)
         stage K_t[r < BN, e < D] = [bound] ? K[batch.., BN*jo + r, e] : 0      (V_t alike)
         compute S[c < BN] = [MASK] ? SCALE * sum(e < D: Q_t[ii, e] * K_t[c, e]) : -inf
@@ -12,7 +12,13 @@ affine conditions, printed by codegen.cexpr — never a flag):
         compute P[c < BN] = [MASK] ? exp(S[c] - m') : 0
         m := m';  l := l * rescale(m, m') + sum(y < BN: P[y])
         acc := acc * rescale(m, m') + sum(z < BN: [C] ? P[z] * V_t[z, d] : 0)   (C implied by MASK / V's fill)
-    store O[batch.., BM*io + ii, d] = acc / l   where [bound]
+    store O[.., BM*io + ii, .., d] = acc / l   where [bound]
+
+Layouts: every index map of Q, K, V and O is read off the kernel IR (`_roles`): one position
+holds the tile rows, the last the head-dim index (stride 1), every other one a grid loop's block
+index — [B, H, N, D], flash-attn's [B, N, H, D], grouped-query K / V read at the KV head only.
+The printers address each operand with its row-major strides (TMA maps of that rank, cp.async
+row addresses); any other index map is refused by name.
 
 SCALE must be a positive constant (the kernels take the row max before scaling).  Every part is
 compared with the kernel IR; any other update (a dropped rescale, a running max that is not
@@ -20,16 +26,16 @@ updated, another score) is refused by name.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from compiler.ir import Aff, Bin, Cond, Const, Expr, Ext, Read, Reduce, Select, Un
 
 from ..kir import Compute, Kernel, Stage, TileLoop
-from ..plan import AttentionPlan
+from ..plan import AttentionPlan, Operand
 from ..render import render_fold
 from ..render_attn_wgmma import encode_attn_tensor_maps, render_attn_wgmma
 from .registry import Mapping, Printed, Variant, register
-from .common import bound_cond, grid_axes, launch_of, operand, refuse, size_name, staged
+from .common import bound_cond, grid_axes, launch_of, operand, refuse, staged
 
 NEG_INF = Const(float("-inf"))
 
@@ -145,33 +151,35 @@ def match(k: Kernel, mapping: str) -> tuple[AttentionPlan, FoldMask]:
     grid_vars = {g.var for g in k.grid}
     out = k.output
     sidx = k.store.index
-    if sidx[-1] != Aff.of(dl):
-        raise refuse(mapping, f"the output's last index {sidx[-1]} is not the head-dim lane {dl}")
-    rest = sidx[-2] - Aff.of(row)
-    if sidx[-2].coef(row) != 1 or rest.const or len(rest.terms) != 1 or rest.terms[0][0] not in grid_vars:
-        raise refuse(mapping, f"the output row index {sidx[-2]} is not BM * query tile + {row} "
-                     "(this mapping needs [batch.., rows, D] layouts)")
+    # the output's row index is BM * (query tile) + row: find the row position and the tile loop
+    rows = [pos for pos, a in enumerate(sidx) if a.coef(row) != 0]
+    if len(rows) != 1:
+        raise refuse(mapping, f"the output index [{', '.join(map(str, sidx))}] does not hold the row lane {row} "
+                     "at one position")
+    rest = sidx[rows[0]] - Aff.of(row)
+    if sidx[rows[0]].coef(row) != 1 or rest.const or len(rest.terms) != 1 or rest.terms[0][0] not in grid_vars:
+        raise refuse(mapping, f"the output row index {sidx[rows[0]]} is not BM * query tile + {row}")
     qt, bm = rest.terms[0]
-    batch = {}
-    for pos, a in enumerate(sidx[:-2]):
-        if len(a.terms) != 1 or a.terms[0][1] != 1 or a.const or a.terms[0][0] not in grid_vars:
-            raise refuse(mapping, f"output index {a} at position {pos} is not a block index")
-        batch[pos] = a.terms[0][0]
-    q_op = operand(k, staged(q_stage.value)[1].tensor, q_stage.buf.level, mapping)
-    k_op = operand(k, staged(k_stage.value)[1].tensor, k_stage.buf.level, mapping)
-    v_op = operand(k, staged(v_stage.value)[1].tensor, v_stage.buf.level, mapping)
-    o_op = operand(k, out.name, "global", mapping)
-    seq_q, seq_k = o_op.dims[-2], k_op.dims[-2]
+    o_roles = _roles(sidx, Aff.build({qt: bm, row: 1}), dl, grid_vars - {qt}, f"output {out.name}", mapping)
+    q_op = _operand(k, q_stage, bm, qt, grid_vars - {qt}, mapping)
+    k_op = _operand(k, k_stage, bn, loop.var, grid_vars - {qt}, mapping)
+    v_op = _operand(k, v_stage, bn, loop.var, grid_vars - {qt}, mapping)
+    o_op = replace(operand(k, out.name, "global", mapping), roles=o_roles)
+    seq_q, seq_k = _seq(o_op), _seq(k_op)
+    if _seq(q_op) != seq_q or _seq(v_op) != seq_k:
+        raise refuse(mapping, f"Q's rows run over {_seq(q_op)} and O's over {seq_q}; K's over {seq_k} and V's "
+                     f"over {_seq(v_op)}: the query rows and the key rows must each be one size")
+    head_dims = {op.dims[-1] for op in (q_op, k_op, v_op, o_op)}
     head = k.fixed().get(o_op.dims[-1])
-    if head is None:
-        raise refuse(mapping, f"the head dimension {o_op.dims[-1]} must be a fixed size")
+    if head is None or len(head_dims) != 1:
+        raise refuse(mapping, f"the head dimension {sorted(head_dims)} must be one fixed size")
     fixed_sizes = k.fixed()
     if not score.ext.names() <= set(fixed_sizes) or score.ext.evaluate(fixed_sizes) != head:
         raise refuse(mapping, f"the score sums {e} < {score.ext}, not the whole head dimension {head}")
     if (k.lanes[0].extent, k.lanes[1].extent) != (bm, head):
         raise refuse(mapping, f"the output tile is {k.lanes[0].extent} x {k.lanes[1].extent}, not {bm} x {head}")
-    for st, tile, var, seq in ((q_stage, bm, qt, q_op.dims[-2]), (k_stage, bn, loop.var, seq_k), (v_stage, bn, loop.var, v_op.dims[-2])):
-        _check_tile(st, tile, var, seq, head, batch, mapping)
+    for st, tile, var, seq in ((q_stage, bm, qt, seq_q), (k_stage, bn, loop.var, seq_k), (v_stage, bn, loop.var, seq_k)):
+        _check_tile(st, tile, var, seq, head, mapping)
     for cc in k.store.guard:
         if bound_cond(cc, (qt, bm), row) != seq_q:
             raise refuse(mapping, f"store condition {cc} is not the query tail bound {row} + {bm}*{qt} < {seq_q}")
@@ -186,13 +194,15 @@ def match(k: Kernel, mapping: str) -> tuple[AttentionPlan, FoldMask]:
     rl = lane_map[row]
     warps = (rl.mapping.count or 1) if rl.mapping and rl.mapping.level == "warp" else 1
     tiles = {qt: (seq_q, bm)}
-    for pos, g in batch.items():
-        tiles[g] = (size_name(out.dims[pos], mapping, f"output {out.name}"), 1)
+    for pos, r in enumerate(o_roles):
+        if r not in ("seq", "head"):
+            tiles[r] = (o_op.dims[pos], 1)
     names = set(q_op.dims) | set(k_op.dims) | set(v_op.dims) | set(o_op.dims)
     if not loop.ext.names() <= names | {qt}:
         raise refuse(mapping, f"the key tile range {loop.var} < {loop.ext} depends on more than sizes and the query tile")
     plan = AttentionPlan(
-        kernel_name=k.name, q=q_op, k=k_op, v=v_op, o=o_op, batch=o_op.dims[:-2], seq_q=seq_q, seq_k=seq_k,
+        kernel_name=k.name, q=q_op, k=k_op, v=v_op, o=o_op,
+        batch=tuple(d for d, r in zip(o_op.dims, o_roles) if r not in ("seq", "head")), seq_q=seq_q, seq_k=seq_k,
         head_dim=head, scale=scale,
         fixed=tuple((s, v) for s, v in k.sizes if v is not None and s in names),
         dynamic=tuple(s for s, v in k.sizes if v is None and s in names),
@@ -207,19 +217,49 @@ def _guard(conds: tuple[Cond, ...], then: Expr, other: Const) -> Expr:
     return Select(conds, then, other) if conds else then
 
 
-def _check_tile(st: Stage, tile: int, var: str, seq: str, head: int, batch: dict[int, str], mapping: str) -> None:
+def _roles(idx: tuple[Aff, ...], row: Aff, head: str, batch_vars: set[str], what: str, mapping: str) -> tuple[str, ...]:
+    """Per dimension of an index map: 'seq' where it reads the tile rows `row`, 'head' where it
+    reads the head-dim index (it must be the innermost dim: TMA boxes and 16-byte rows need
+    stride 1), else the grid loop whose block index it reads; anything else is refused by name."""
+    roles = []
+    for pos, a in enumerate(idx):
+        if a == row:
+            roles.append("seq")
+        elif a == Aff.of(head):
+            roles.append("head")
+        elif len(a.terms) == 1 and a.terms[0][1] == 1 and not a.const and a.terms[0][0] in batch_vars:
+            roles.append(a.terms[0][0])
+        else:
+            raise refuse(mapping, f"{what}: index {a} at position {pos} of [{', '.join(map(str, idx))}] is neither "
+                         f"the tile rows {row}, the head-dim index {head}, nor a block index of the grid")
+    if roles.count("seq") != 1 or roles.count("head") != 1:
+        raise refuse(mapping, f"{what}: index [{', '.join(map(str, idx))}] must read the rows {row} and the "
+                     f"head dim {head} once each")
+    if roles[-1] != "head":
+        raise refuse(mapping, f"{what}: the head-dim index {head} is at position {roles.index('head')} of "
+                     f"[{', '.join(map(str, idx))}], not innermost (stride 1, which TMA boxes and 16-byte rows need)")
+    return tuple(roles)
+
+
+def _operand(k: Kernel, st: Stage, tile: int, var: str, batch_vars: set[str], mapping: str) -> Operand:
+    read = staged(st.value)[1]
+    if len(st.buf.dims) != 2:
+        raise refuse(mapping, f"buffer {st.buf.name} is not a rows x head-dim tile")
+    (r, _), (e, _) = st.buf.dims
+    roles = _roles(read.idx, Aff.build({var: tile, r: 1}), e, batch_vars,
+                   f"buffer {st.buf.name} reading {read.tensor}", mapping)
+    return replace(operand(k, read.tensor, st.buf.level, mapping), roles=roles)
+
+
+def _seq(op: Operand) -> str:
+    return op.dims[op.roles.index("seq")]
+
+
+def _check_tile(st: Stage, tile: int, var: str, seq: str, head: int, mapping: str) -> None:
     conds, read = staged(st.value)
     (r, rows), (e, cols) = st.buf.dims
     if rows != tile or cols != head:
         raise refuse(mapping, f"buffer {st.buf.name} is {rows} x {cols}, expected {tile} x {head}")
-    idx = read.idx
-    for pos, a in enumerate(idx[:-2]):
-        if batch.get(pos) is None or a != Aff.of(batch[pos]):
-            raise refuse(mapping, f"buffer {st.buf.name}: {read.tensor}'s dimension {pos} is read at {a}, "
-                         "not at the output's block index (this mapping needs [batch.., rows, D] layouts)")
-    if len(idx) != len(batch) + 2 or idx[-2] != Aff.build({var: tile, r: 1}) or idx[-1] != Aff.of(e):
-        raise refuse(mapping, f"buffer {st.buf.name} reads {read.tensor}[{', '.join(map(str, idx))}]: "
-                     f"this mapping needs [batch.., {tile}*{var} + {r}, {e}]")
     for cc in conds:
         if bound_cond(cc, (var, tile), r) != seq:
             raise refuse(mapping, f"buffer {st.buf.name}'s condition {cc} is not the row bound < {seq}")

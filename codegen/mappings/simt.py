@@ -19,6 +19,7 @@ from compiler.ir import Aff, Bin, Const, Expr, IndexValue, Read, Reduce, Select,
 from compiler.machine import DEVICE, DTYPES
 
 from ..cexpr import aff_c, conds_c, ext_c, index_value_c, size_names, unary_c
+from ..grid import block_index_c
 from ..kir import Buffer, Compute, Kernel, Stage, Stmt, TileLoop
 from ..lower import UnsupportedMapping
 from ..source import KernelSource, Launch
@@ -212,7 +213,8 @@ def render(k: Kernel, options: tuple[str, ...]) -> tuple[KernelSource, Launch]:
         ct = DTYPES[p.dtypes[b.source]].ctype if b.source else "float"
         shared.append(f"{ct}* sb_{name} = reinterpret_cast<{ct}*>(smem_ + {p.offsets[name]});")
     local = [f"float lb_{n}[{p.pts}][{math.prod(x for _, x in b.dims)}];" for n, b in p.local.items()]
-    grid = [f"const long long v_{g.var} = blockIdx.{g.axis};" for g in k.grid]
+    bidx = block_index_c([(g.var, ext_c(g.ext, p.names), g.axis) for g in k.grid])
+    grid = [f"const long long v_{g.var} = {bidx[g.var]};" for g in k.grid]
     ctx = dict(kname=k.name, threads=p.threads, params=", ".join(params), smem=p.smem, shared=shared,
                local=local, grid=grid, body=body,
                summary=f"SIMT fp32, {p.threads} threads, {p.pts} lane points per thread, one stage")

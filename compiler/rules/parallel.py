@@ -7,9 +7,22 @@ Sound because a definition's loop is a Gen: iterations only read inputs and writ
 element.  The precondition is that the writes really are disjoint — the store index is
 injective on the loop nest (checked as a mixed-radix layout: in each store position the loop
 indices' strides cover the inner extents) — and that reductions and folds are never mapped
-(they carry a dependence between iterations).  Grid loops come before warp/thread loops,
-each grid axis is used once.
-Theorem: parallel_writes (lean/Derivc/Rules/Parallel.lean, proofs_ci/coq).
+(they carry a dependence between iterations).  Grid loops come before warp/thread loops.
+
+A grid axis may carry several loops (CUDA has three axes; attention over batch, KV heads, query
+heads of a group and query tiles has four grid loops):
+
+    before:  for hk < HK @grid.y, g < G, …
+    after:   for hk < HK @grid.y, g < G @grid.y, …     blockIdx.y = hk * G + g
+
+The axis then enumerates the product of its loops' extents, row-major in loop-nest order.  Grid
+loops are mapped outside-in (a grid loop may not sit inside an unmapped loop), so a loop joining
+an axis is nested inside every loop already on it: it becomes the axis's fastest-varying part,
+and the order the steps were written in is the order the kernel IR records.  Each such step is the bijection
+(x, i) <-> x * E + i between [0, X) x [0, E) and [0, X * E): the printers recover i as
+blockIdx mod E and x as blockIdx / E.
+Theorems: parallel_writes; grid_axis_product for a shared axis (lean/Derivc/Rules/Parallel.lean,
+proofs_ci/coq/Rules/Parallel.v).
 """
 from __future__ import annotations
 
@@ -87,11 +100,15 @@ class Parallel(Rule):
         except ValueError as exc:
             raise self.fail(f"writes of {p.def_} are not provably disjoint: {exc}") from None
         level, _, axis = p.to.partition(".")
+        shared: list[str] = []
         for k, lp in enumerate(d.loops):
             if lp.mapping is None:
                 continue
             if lp.mapping.level == "grid" and level == "grid" and lp.mapping.axis == axis:
-                raise self.fail(f"grid axis {axis} is already used by loop {lp.var}")
+                # grid loops are mapped outside-in (below), so lp encloses p.index: the joining loop
+                # becomes the axis's fastest part and the kernel IR's loop order is the axis order
+                assert k < pos, "a grid loop nested inside an unmapped loop"
+                shared.append(lp.var)
             if k < pos and ORDER[lp.mapping.level] > ORDER[level]:
                 raise self.fail(f"{p.index} ({p.to}) is inside loop {lp.var} mapped to {lp.mapping}; reorder first")
             if k > pos and ORDER[lp.mapping.level] < ORDER[level]:
@@ -106,7 +123,11 @@ class Parallel(Rule):
             n = const_extent(prog, d.loops[pos].ext)
             if n is None or n % p.count:
                 raise self.fail(f"{p.count} {level}s do not split the extent {d.loops[pos].ext} of {p.index} evenly")
-        return {"loop": p.index, "to": p.to, "count": p.count, "disjoint_writes": why, "extent": str(d.loops[pos].ext)}
+        facts = {"loop": p.index, "to": p.to, "count": p.count, "disjoint_writes": why, "extent": str(d.loops[pos].ext)}
+        if shared:
+            facts["shares_axis_with"] = shared
+            facts["block_index"] = f"blockIdx.{axis} = ({' * '.join(shared)} flattened) * {d.loops[pos].ext} + {p.index}"
+        return facts
 
     def rewrite(self, prog: Program, p: ParallelParams, facts: Facts) -> Program:
         d = prog.def_named(p.def_)

@@ -101,4 +101,27 @@ theorem parallel_writes {A : Type} (idx : Nat → Nat) (val : Nat → A) (l l' :
     exact ih2 m (fun i j hi hj e =>
       hinj i j (perm_in l' l (perm_sym l l' h1) i hi) (perm_in l' l (perm_sym l l' h1) j hj) e)
 
+/-- A grid axis carrying several loops (PARALLEL of a second loop to a used axis): the axis
+    enumerates x * E + i for the loops before (x < X, flattened) and the joining loop (i < E);
+    the printers decode i = block % E and x = block / E. Mirrors Rules/Parallel.v. -/
+theorem grid_axis_product (X E x i : Nat) (hx : x < X) (hi : i < E) :
+    x * E + i < X * E ∧ (x * E + i) / E = x ∧ (x * E + i) % E = i := by
+  have hE : 0 < E := by omega
+  refine ⟨?_, ?_, ?_⟩
+  · have h1 : (x + 1) * E ≤ X * E := Nat.mul_le_mul_right E (by omega)
+    rw [Nat.add_mul, Nat.one_mul] at h1
+    omega
+  · rw [Nat.mul_comm, Nat.mul_add_div hE, Nat.div_eq_of_lt hi, Nat.add_zero]
+  · rw [Nat.mul_comm, Nat.mul_add_mod, Nat.mod_eq_of_lt hi]
+
+theorem grid_axis_cover (X E b : Nat) (hb : b < X * E) :
+    b / E < X ∧ b % E < E ∧ b = b / E * E + b % E := by
+  have hE : 0 < E := by
+    cases E with
+    | zero => simp at hb
+    | succ n => exact Nat.succ_pos n
+  refine ⟨(Nat.div_lt_iff_lt_mul hE).2 hb, Nat.mod_lt b hE, ?_⟩
+  rw [Nat.mul_comm]
+  exact (Nat.div_add_mod b E).symm
+
 end Derivc

@@ -1,6 +1,6 @@
 (* Rule PARALLEL: if the write index is injective on the iteration range, the
    order in which the iterations' writes land does not matter. *)
-Require Import Arith List.
+Require Import Arith Lia List.
 Require Import FunctionalExtensionality.
 Import ListNotations.
 
@@ -93,4 +93,31 @@ Proof.
     intros i j Hi Hj. apply Hinj.
     + exact (perm_in l' l (perm_sym l l' H1) i Hi).
     + exact (perm_in l' l (perm_sym l l' H1) j Hj).
+Qed.
+
+(* A grid axis carrying several loops (PARALLEL of a second loop to a used axis): the axis
+   enumerates x * E + i for the loops before (x < X, flattened) and the joining loop (i < E).
+   The printers decode i = block mod E and x = block / E: both directions of the bijection. *)
+Theorem grid_axis_product : forall (X E x i : nat),
+  x < X -> i < E ->
+  x * E + i < X * E /\ (x * E + i) / E = x /\ (x * E + i) mod E = i.
+Proof.
+  intros X E x i Hx Hi.
+  assert (HE : E <> 0) by lia.
+  split; [| split].
+  - nia.
+  - rewrite Nat.div_add_l by exact HE. rewrite Nat.div_small by exact Hi. lia.
+  - rewrite Nat.add_comm. rewrite Nat.mod_add by exact HE. apply Nat.mod_small. exact Hi.
+Qed.
+
+Theorem grid_axis_cover : forall (X E b : nat),
+  b < X * E ->
+  b / E < X /\ b mod E < E /\ b = (b / E) * E + b mod E.
+Proof.
+  intros X E b Hb.
+  assert (HE : E <> 0) by (intro H0; subst E; lia).
+  split; [| split].
+  - apply Nat.div_lt_upper_bound; [exact HE | rewrite Nat.mul_comm; exact Hb].
+  - apply Nat.mod_upper_bound. exact HE.
+  - rewrite Nat.mul_comm. apply Nat.div_mod. exact HE.
 Qed.
