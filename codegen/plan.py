@@ -92,6 +92,7 @@ class AttentionPlan:
     guard_kv: bool
     grid: tuple[GridAxis, ...]
     swizzle: bool
+    extras: tuple[Operand, ...] = ()  # inputs the additive score term reads (after q, k, v)
 
 
 Plan = Union[ContractionPlan, AttentionPlan]
@@ -101,7 +102,7 @@ def inputs(plan: Plan) -> tuple[Operand, ...]:
     """Input operands in kernel-argument order."""
     if isinstance(plan, ContractionPlan):
         return (plan.a, plan.b)
-    return (plan.q, plan.k, plan.v)
+    return (plan.q, plan.k, plan.v) + plan.extras
 
 
 def output(plan: Plan) -> Operand:
