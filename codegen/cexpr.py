@@ -135,3 +135,33 @@ def read_c(shape: tuple[Aff, ...], idx: tuple[Aff, ...], pointer: str, load: str
         off = f"({off} * (long long){dim} + (long long){i})"
         guards.append(f"((unsigned long long)(long long){i} < (unsigned long long)(long long){dim})")
     return f"({' && '.join(guards) or 'true'} ? {load}({pointer}[{off}]) : 0.0f)"
+
+
+def first_tile_c(conds: tuple[Cond, ...], var: str, box: Mapping[str, tuple[str, str]],
+                 names: Mapping[str, str]) -> str:
+    """C expression for the first value of the tile index `var` at which the conjunction can hold
+    somewhere in the box (0 when no condition bounds `var` from below).
+
+    Each condition lhs < rhs (or <=) has the affine slack rhs - lhs = A + t*var.  With t > 0 it
+    holds somewhere in the box iff max over the box of A (each boxed variable at the corner its
+    coefficient picks) + t*var > b (b = 0 for <, -1 for <=), i.e. var >= ceil((b + 1 - A_max) / t).
+    The conditions are half-spaces, so the tiles they can reach form one interval: the tiles below
+    the largest of these bounds are fully masked for the whole box.
+    """
+    starts = []
+    for c in conds:
+        slack = c.rhs - c.lhs
+        t = slack.coef(var)
+        if t <= 0:
+            continue
+        rest = Aff.build({v: a for v, a in slack.terms if v != var}, slack.const)
+        hi = dict(names)
+        for v, (lo, up) in box.items():
+            hi[v] = up if rest.coef(v) >= 0 else lo
+        need = f"((long long){1 if c.op == '<' else 0} - (long long){aff_c(rest, hi)})"
+        # ceil(need / t) with C's truncating division: exact for negative numerators too
+        starts.append(f"({need} > 0 ? ({need} + {t - 1}) / {t} : -((-{need}) / {t}))")
+    out = "0LL"
+    for s in starts:
+        out = f"max({out}, {s})"
+    return out

@@ -292,7 +292,7 @@ def mask_context(mask: FoldMask, plan: AttentionPlan) -> dict:
     score_term(row, col, ktile, rowf, colf) is the additive score term (rowf / colf: the row and
     column as exact floats, so that an index value costs float adds, not a conversion each).
     """
-    from ..cexpr import aff_c, box_extremes, conds_c, ext_c, read_c, value_c
+    from ..cexpr import aff_c, box_extremes, conds_c, ext_c, first_tile_c, read_c, value_c
     from ..cexpr import size_names as c_sizes
 
     sizes = c_sizes(tuple(plan.fixed) + tuple((n, None) for n in plan.dynamic))
@@ -354,6 +354,9 @@ def mask_context(mask: FoldMask, plan: AttentionPlan) -> dict:
 
     return dict(has_mask=bool(mask.conds), mask_keep=keep, mask_partial=partial, mask_empty=empty,
                 n_tiles_expr=ext_c(mask.ext, {**sizes, mask.qtile: "qt"}),
+                n_start_expr=first_tile_c(mask.conds, mask.ktile,
+                                          {mask.row: ("0", str(bm - 1)), mask.col: ("0", str(bn - 1))},
+                                          {**sizes, **batch, mask.qtile: "qt"}),
                 heavy_first=len(mask.ext.parts) > 1, has_term=mask.term is not None, score_term=term,
                 term_decls=uniform_decls,
                 term_per_element_reads=any(isinstance(x, Read) and x not in uniform
