@@ -198,8 +198,7 @@ def match(k: Kernel, mapping: str) -> tuple[AttentionPlan, FoldMask]:
     tiles = {qt: (seq_q, bm)}
     for pos, g in batch.items():
         tiles[g] = (size_name(out.dims[pos], mapping, f"output {out.name}"), 1)
-    names = set(q_op.dims) | set(k_op.dims) | set(v_op.dims) | set(o_op.dims)
-    if not loop.ext.names() <= names | {qt}:
+    if not loop.ext.names() <= set(dict(k.sizes)) | {qt}:
         raise refuse(mapping, f"the key tile range {loop.var} < {loop.ext} depends on more than sizes and the query tile")
     extras = _term_inputs(k, term, {row, c, qt, loop.var} | set(batch.values()), (q_op, k_op, v_op), mapping)
     # every dynamic size is a kernel argument (the launch passes k.dynamic()): the mask, the key
