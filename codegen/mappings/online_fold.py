@@ -6,6 +6,8 @@ affine conditions, printed by codegen.cexpr — never a flag):
 
     stage Q_t[r < BM, e < D] = [bound] ? Q[batch.., BM*io + r, e] : 0
     for jo < EXT carrying (m = -inf, l = 0, acc = 0):            EXT printed as written (MASK skip)
+                        (wgmma: from the first tile MASK reaches for the block, cexpr.first_tile_c;
+                         the steps below are fully masked and leave (m, l, acc) unchanged)
         stage K_t[r < BN, e < D] = [bound] ? K[batch.., BN*jo + r, e] : 0      (V_t alike)
         compute S[c < BN] = [MASK] ? SCALE * sum(e < D: Q_t[ii, e] * K_t[c, e]) (+ TERM) : -inf
         compute m' = max(m, max(x < BN: S[x]))
