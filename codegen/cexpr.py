@@ -6,9 +6,9 @@ mapping, so no template spells a mask or a bound of its own.
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Callable, Mapping
 
-from compiler.ir import UNARY_FUNCTIONS, Aff, Cond, Ext
+from compiler.ir import UNARY_FUNCTIONS, Aff, Bin, Cond, Const, Expr, Ext, IndexValue, Read, Un
 
 
 def aff_c(a: Aff, names: Mapping[str, str]) -> str:
@@ -83,3 +83,85 @@ def box_extremes(c: Cond, box: Mapping[str, tuple[str, str]], names: Mapping[str
         lo_names[v], hi_names[v] = (lo, hi) if coef >= 0 else (hi, lo)
     bound = "0" if c.op == "<" else "-1"
     return f"({aff_c(slack, lo_names)} > {bound})", f"({aff_c(slack, hi_names)} <= {bound})"
+
+
+# binary operators of the IR on float values, as C (fp32 math)
+_BINARY_C = {"+": "+", "-": "-", "*": "*", "/": "/"}
+
+
+def float_const_c(v: float) -> str:
+    if v == float("inf"):
+        return "__int_as_float(0x7f800000)"
+    if v == float("-inf"):
+        return "__int_as_float(0xff800000)"
+    if v != v:
+        raise ValueError("a NaN constant has no C form here")
+    return repr(float(v)) + "f"
+
+
+def value_c(e: Expr, read: Callable[[Read], str], index_value: Callable[[Aff], str]) -> str:
+    """C text (a float) of an element-wise IR expression: constants, + - * / max, the unary
+    functions, tensor reads (printed by `read`) and index values (printed by `index_value`).
+    Anything else (a reduction, a guard, a fold) has no element-wise C form: ValueError naming it."""
+    if isinstance(e, Const):
+        return float_const_c(e.value)
+    if isinstance(e, Read):
+        return read(e)
+    if isinstance(e, IndexValue):
+        return index_value(e.aff)
+    if isinstance(e, Bin):
+        a, b = value_c(e.a, read, index_value), value_c(e.b, read, index_value)
+        if e.op == "max":
+            return f"fmaxf({a}, {b})"
+        op = _BINARY_C.get(e.op)
+        if op is None:
+            raise ValueError(f"operator {e.op} has no element-wise C form")
+        return f"({a} {op} {b})"
+    if isinstance(e, Un):
+        return unary_c(e.op, value_c(e.a, read, index_value))
+    raise ValueError(f"{type(e).__name__} is not an element-wise value")
+
+
+def read_c(shape: tuple[Aff, ...], idx: tuple[Aff, ...], pointer: str, load: str,
+           names: Mapping[str, str]) -> str:
+    """A guarded element read of a row-major global tensor: `load(pointer[offset])` where every
+    index lies in [0, its dimension), else 0 (64-bit offset; one unsigned compare per index)."""
+    if len(shape) != len(idx):
+        raise ValueError(f"{pointer}: {len(idx)} indices for {len(shape)} dimensions")
+    off = "0LL"
+    guards = []
+    for a, n in zip(idx, shape):
+        i, dim = aff_c(a, names), aff_c(n, names)
+        off = f"({off} * (long long){dim} + (long long){i})"
+        guards.append(f"((unsigned long long)(long long){i} < (unsigned long long)(long long){dim})")
+    return f"({' && '.join(guards) or 'true'} ? {load}({pointer}[{off}]) : 0.0f)"
+
+
+def first_tile_c(conds: tuple[Cond, ...], var: str, box: Mapping[str, tuple[str, str]],
+                 names: Mapping[str, str]) -> str:
+    """C expression for the first value of the tile index `var` at which the conjunction can hold
+    somewhere in the box (0 when no condition bounds `var` from below).
+
+    Each condition lhs < rhs (or <=) has the affine slack rhs - lhs = A + t*var.  With t > 0 it
+    holds somewhere in the box iff max over the box of A (each boxed variable at the corner its
+    coefficient picks) + t*var > b (b = 0 for <, -1 for <=), i.e. var >= ceil((b + 1 - A_max) / t).
+    The conditions are half-spaces, so the tiles they can reach form one interval: the tiles below
+    the largest of these bounds are fully masked for the whole box.
+    """
+    starts = []
+    for c in conds:
+        slack = c.rhs - c.lhs
+        t = slack.coef(var)
+        if t <= 0:
+            continue
+        rest = Aff.build({v: a for v, a in slack.terms if v != var}, slack.const)
+        hi = dict(names)
+        for v, (lo, up) in box.items():
+            hi[v] = up if rest.coef(v) >= 0 else lo
+        need = f"((long long){1 if c.op == '<' else 0} - (long long){aff_c(rest, hi)})"
+        # ceil(need / t) with C's truncating division: exact for negative numerators too
+        starts.append(f"({need} > 0 ? ({need} + {t - 1}) / {t} : -((-{need}) / {t}))")
+    out = "0LL"
+    for s in starts:
+        out = f"max({out}, {s})"
+    return out

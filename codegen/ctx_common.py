@@ -135,7 +135,8 @@ def batch_groups(op: Operand) -> list[list[int]]:
 
 
 def params(plan: Plan, sz: Sizes) -> tuple[str, tuple[str, ...]]:
-    short = ("a", "b") if isinstance(plan, ContractionPlan) else ("q", "k", "v")
+    short = ("a", "b") if isinstance(plan, ContractionPlan) else \
+        ("q", "k", "v") + tuple(f"x{n}" for n in range(len(plan.extras)))
     parts, names = [], []
     for s, op in zip(short, inputs(plan)):
         parts.append(f"const {DTYPES[op.dtype].ctype}* __restrict__ p_{s}")

@@ -98,6 +98,7 @@ class AttentionPlan:
     guard_kv: bool
     grid: tuple[GridAxis, ...]
     swizzle: bool
+    extras: tuple[Operand, ...] = ()  # inputs the additive score term reads (after q, k, v)
 
 
 Plan = Union[ContractionPlan, AttentionPlan]
@@ -107,7 +108,7 @@ def inputs(plan: Plan) -> tuple[Operand, ...]:
     """Input operands in kernel-argument order."""
     if isinstance(plan, ContractionPlan):
         return (plan.a, plan.b)
-    return (plan.q, plan.k, plan.v)
+    return (plan.q, plan.k, plan.v) + plan.extras
 
 
 def output(plan: Plan) -> Operand:

@@ -109,6 +109,8 @@ def _context(p: AttentionPlan, mask: dict, overlap: bool) -> dict:
                      Nq=sz.expr(p.seq_q), Nk=sz.expr(p.seq_k),
                      SL2=repr(float(p.scale) * math.log2(math.e)) + "f")
     ctx.update(mask)
+    if mask.get("has_term"):  # the score SCALE * QK + TERM is formed first: the fold runs in log2(e) units
+        ctx["SL2"] = repr(math.log2(math.e)) + "f"
     param_list, names = params(p, sz)
     ctx["params"], ctx["_arg_names"] = param_list, names + ("tmaps",)
     ctx.update(attn_addressing(p, sz))  # batch offsets and row strides (O is stored directly)

@@ -6,8 +6,10 @@ affine conditions, printed by codegen.cexpr — never a flag):
 
     stage Q_t[r < BM, e < D] = [bound] ? Q[.., BM*io + r, .., e] : 0        (any layout, see below)
     for jo < EXT carrying (m = -inf, l = 0, acc = 0):            EXT printed as written (MASK skip)
+                        (wgmma: from the first tile MASK reaches for the block, cexpr.first_tile_c;
+                         the steps below are fully masked and leave (m, l, acc) unchanged)
         stage K_t[r < BN, e < D] = [bound] ? K[batch.., BN*jo + r, e] : 0      (V_t alike)
-        compute S[c < BN] = [MASK] ? SCALE * sum(e < D: Q_t[ii, e] * K_t[c, e]) : -inf
+        compute S[c < BN] = [MASK] ? SCALE * sum(e < D: Q_t[ii, e] * K_t[c, e]) (+ TERM) : -inf
         compute m' = max(m, max(x < BN: S[x]))
         compute P[c < BN] = [MASK] ? exp(S[c] - m') : 0
         m := m';  l := l * rescale(m, m') + sum(y < BN: P[y])
@@ -20,17 +22,23 @@ index — [B, H, N, D], flash-attn's [B, N, H, D], grouped-query K / V read at t
 The printers address each operand with its row-major strides (TMA maps of that rank, cp.async
 row addresses); any other index map is refused by name.
 
-SCALE must be a positive constant (the kernels take the row max before scaling).  Every part is
-compared with the kernel IR; any other update (a dropped rescale, a running max that is not
-updated, another score) is refused by name.
+SCALE must be a positive constant (without a TERM the kernels take the row max before scaling).
+TERM, the additive score term (ALiBi's `Slope[h] * idx(j - i)`, a bias `Bias[b, h, i, j]`), is any
+element-wise expression of constants, index values and reads of the kernel's inputs at the query
+row, key column, tiles, batch indices and sizes; it is printed from the kernel IR by
+codegen.cexpr.value_c, every read guarded by its tensor's bounds.  Every part is compared with the
+kernel IR; any other update (a dropped rescale, a running max that is not updated, another score)
+is refused by name.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from compiler.ir import Aff, Bin, Cond, Const, Expr, Ext, Read, Reduce, Select, Un
+from compiler.ir import Aff, Bin, Cond, Const, Expr, Ext, IndexValue, Read, Reduce, Select, Un, walk
+from compiler.printer import show_expr
 
 from ..kir import Compute, Kernel, Stage, TileLoop
+from ..ctx_common import ident
 from ..plan import AttentionPlan, Operand
 from ..render import render_fold
 from ..render_attn_wgmma import encode_attn_tensor_maps, render_attn_wgmma
@@ -52,6 +60,8 @@ class FoldMask:
     qtile: str
     ktile: str
     ext: Ext
+    term: Expr | None = None  # the additive score term (None: the score is SCALE * Q.K only)
+    batch: tuple[tuple[str, str], ...] = ()  # (grid variable, the batch size it enumerates)
 
 
 def _rd(name: str, *idx: str) -> Read:
@@ -93,11 +103,13 @@ def match(k: Kernel, mapping: str) -> tuple[AttentionPlan, FoldMask]:
     (c, bn), (cp, bn_p) = s_c.buf.dims[0], p_c.buf.dims[0]
     # S = [MASK] ? SCALE * sum(e < D: Q_t[row, e] * K_t[c, e]) : -inf
     mask, score = _masked(s_c.value, NEG_INF)
+    score, term = _split_term(score)
     scale = 1.0
     if isinstance(score, Bin) and score.op == "*" and isinstance(score.a, Const):
         scale, score = float(score.a.value), score.b
     if not (isinstance(score, Reduce) and score.op == "sum"):
-        raise refuse(mapping, f"the score {s_c.buf.name} is not (positive constant *) a sum of products")
+        raise refuse(mapping, f"the score {s_c.buf.name} is not (positive constant *) a sum of products "
+                     "(+ an additive term)")
     if not scale > 0:
         raise refuse(mapping, f"score scale {scale} must be a positive constant")
     e = score.var
@@ -197,20 +209,68 @@ def match(k: Kernel, mapping: str) -> tuple[AttentionPlan, FoldMask]:
     for pos, r in enumerate(o_roles):
         if r not in ("seq", "head"):
             tiles[r] = (o_op.dims[pos], 1)
-    names = set(q_op.dims) | set(k_op.dims) | set(v_op.dims) | set(o_op.dims)
-    if not loop.ext.names() <= names | {qt}:
+    if not loop.ext.names() <= set(dict(k.sizes)) | {qt}:
         raise refuse(mapping, f"the key tile range {loop.var} < {loop.ext} depends on more than sizes and the query tile")
+    batch_loops = tuple(g for g in tiles if g != qt)
+    extras = _term_inputs(k, term, {row, c, qt, loop.var} | set(batch_loops), (q_op, k_op, v_op), mapping)
+    # every dynamic size is a kernel argument (the launch passes k.dynamic()): the mask, the key
+    # tile range and the score term may use sizes no operand has
     plan = AttentionPlan(
         kernel_name=k.name, q=q_op, k=k_op, v=v_op, o=o_op,
         batch=tuple(d for d, r in zip(o_op.dims, o_roles) if r not in ("seq", "head")), seq_q=seq_q, seq_k=seq_k,
         head_dim=head, scale=scale,
-        fixed=tuple((s, v) for s, v in k.sizes if v is not None and s in names),
-        dynamic=tuple(s for s, v in k.sizes if v is None and s in names),
+        fixed=tuple((s, v) for s, v in k.sizes if v is not None),
+        dynamic=k.dynamic(),
         block_m=bm, block_n=bn, warps=warps, stages=max(k_stage.buf.stages, v_stage.buf.stages),
         mma=score.mma.instr, p_in_registers=p_c.buf.level == "register",
-        guard_q=guard_q, guard_kv=guard_kv, grid=grid_axes(k, tiles), swizzle=True,
+        guard_q=guard_q, guard_kv=guard_kv, grid=grid_axes(k, tiles), swizzle=True, extras=extras,
     )
-    return plan, FoldMask(mask, row, c, qt, loop.var, loop.ext)
+    bdims = tuple((g, tiles[g][0]) for g in batch_loops)
+    return plan, FoldMask(mask, row, c, qt, loop.var, loop.ext, term, bdims)
+
+
+def _is_qk(e: Expr) -> bool:
+    return (isinstance(e, Reduce) and e.op == "sum") or (
+        isinstance(e, Bin) and e.op == "*" and isinstance(e.a, Const) and isinstance(e.b, Reduce))
+
+
+def _split_term(score: Expr) -> tuple[Expr, Expr | None]:
+    """score = QK, QK + T, T + QK or QK - T (QK the scaled sum): (QK, T with its sign)."""
+    if isinstance(score, Bin) and score.op in ("+", "-"):
+        if _is_qk(score.a):
+            return score.a, (score.b if score.op == "+" else Un("neg", score.b))
+        if score.op == "+" and _is_qk(score.b):
+            return score.b, score.a
+    return score, None
+
+
+def _term_inputs(k: Kernel, term: Expr | None, indices: set[str], qkv: tuple, mapping: str) -> tuple:
+    """The inputs the score term reads besides Q, K, V (kernel-argument order); refuses a term
+    that is not element-wise over the row, column, tiles and batch indices, and an argument order
+    other than Q, K, V, then the term's tensors."""
+    read: list[str] = []
+    if term is not None:
+        inputs = {t.name for t in k.inputs}
+        allowed = indices | set(dict(k.sizes))
+        for x in walk(term):
+            if not isinstance(x, (Const, Read, IndexValue, Bin, Un)):
+                raise refuse(mapping, f"the score term {show_expr(term)} contains {type(x).__name__}: "
+                             "only element-wise values are printed")
+            affs = x.idx if isinstance(x, Read) else (x.aff,) if isinstance(x, IndexValue) else ()
+            if isinstance(x, Read) and x.tensor not in inputs:
+                raise refuse(mapping, f"the score term reads {x.tensor}, which is not a kernel input")
+            if isinstance(x, Read) and x.tensor not in read:
+                read.append(x.tensor)
+            for a in affs:
+                if not a.names() <= allowed:
+                    raise refuse(mapping, f"the score term {show_expr(term)} uses {sorted(a.names() - allowed)}: "
+                                 "only the query row, key column, tiles, batch indices and sizes")
+    names = tuple(op.name for op in qkv)
+    extra = tuple(t.name for t in k.inputs if t.name in read and t.name not in names)
+    if tuple(t.name for t in k.inputs) != names + extra:
+        raise refuse(mapping, f"the inputs are ({', '.join(t.name for t in k.inputs)}): this mapping takes "
+                     f"({', '.join(names + extra)}) — Q, K, V first, then the tensors the score term reads")
+    return tuple(operand(k, n, "global", mapping) for n in extra)
 
 
 def _guard(conds: tuple[Cond, ...], then: Expr, other: Const) -> Expr:
@@ -270,16 +330,19 @@ def mask_context(mask: FoldMask, plan: AttentionPlan) -> dict:
 
     The templates call mask_keep(row, col, ktile) with C expressions for the absolute query
     row, the absolute key column and the key tile index (q0 and qt in scope), and
-    mask_partial / mask_empty(row_lo, row_hi, ktile) for a block of rows times one key tile.
+    mask_partial / mask_empty(row_lo, row_hi, ktile) for a block of rows times one key tile;
+    score_term(row, col, ktile, rowf, colf) is the additive score term (rowf / colf: the row and
+    column as exact floats, so that an index value costs float adds, not a conversion each).
     """
-    from ..cexpr import box_extremes, conds_c, ext_c
+    from ..cexpr import aff_c, box_extremes, conds_c, ext_c, first_tile_c, read_c, value_c
     from ..cexpr import size_names as c_sizes
 
-    sizes = c_sizes(tuple((n, dict(plan.fixed).get(n)) for n in _plan_sizes(plan)))
-    bn = plan.block_n
+    sizes = c_sizes(tuple(plan.fixed) + tuple((n, None) for n in plan.dynamic))
+    bn, bm = plan.block_n, plan.block_m
+    batch = {g: f"bi_{ident(g)}" for g, _ in mask.batch}  # ctx_common.attn_addressing's block indices
 
     def names(row: str, col: str, ktile: str) -> dict[str, str]:
-        return {**sizes, mask.row: f"({row} - q0)", mask.col: f"({col} - ({ktile}) * {bn})",
+        return {**sizes, **batch, mask.row: f"({row} - q0)", mask.col: f"({col} - ({ktile}) * {bn})",
                 mask.qtile: "qt", mask.ktile: f"({ktile})"}
 
     def keep(row: str, col: str, ktile: str) -> str:
@@ -296,13 +359,51 @@ def mask_context(mask: FoldMask, plan: AttentionPlan) -> dict:
     def empty(row_lo: str, row_hi: str, ktile: str) -> str:
         return "(" + " || ".join(no for _, no in extremes(row_lo, row_hi, ktile)) + ")"
 
+    pointers = {op.name: (p, op) for p, op in zip(("p_q", "p_k", "p_v"), (plan.q, plan.k, plan.v))}
+    pointers.update({op.name: (f"p_x{n}", op) for n, op in enumerate(plan.extras)})
+    row_abs, col_abs = "__row", "__col"
+    # reads at block-uniform indices (batch indices and sizes only: ALiBi's Slope[h]) are loaded
+    # once per block into registers t_u<n>; the others per element
+    block_names = {**sizes, **batch}
+    uniform: dict[Read, str] = {}
+    for x in walk(mask.term) if mask.term is not None else ():
+        if isinstance(x, Read) and all(a.names() <= set(block_names) for a in x.idx) and x not in uniform:
+            uniform[x] = f"t_u{len(uniform)}"
+
+    def load(r: Read, ints: dict[str, str]) -> str:
+        ptr, op = pointers[r.tensor]
+        return read_c(tuple(Aff.of(d) for d in op.dims), r.idx, ptr, f"{op.dtype}_to_f32", ints)
+
+    uniform_decls = [f"const float {v} = {load(r, block_names)};" for r, v in uniform.items()]
+
+    def term(row: str, col: str, ktile: str, rowf: str, colf: str) -> str:
+        ints = names(row, col, ktile)
+
+        def read(r: Read) -> str:
+            return uniform.get(r) or load(r, ints)
+
+        def index_value(a: Aff) -> str:
+            # in the absolute row / column (row = BM*qt + lane row, column = BN*ktile + lane column)
+            a = a.subst(mask.row, Aff.build({row_abs: 1, mask.qtile: -bm}))
+            a = a.subst(mask.col, Aff.build({col_abs: 1, mask.ktile: -bn}))
+            parts = [f"{a.coef(v)}.0f * {fv}" for v, fv in ((row_abs, rowf), (col_abs, colf)) if a.coef(v)]
+            rest = Aff.build({v: x for v, x in a.terms if v not in (row_abs, col_abs)}, a.const)
+            if rest.terms or rest.const or not parts:
+                parts.append(f"(float){aff_c(rest, ints)}")
+            return "(" + " + ".join(parts) + ")"
+
+        return value_c(mask.term, read, index_value)
+
     return dict(has_mask=bool(mask.conds), mask_keep=keep, mask_partial=partial, mask_empty=empty,
                 n_tiles_expr=ext_c(mask.ext, {**sizes, mask.qtile: "qt"}),
-                heavy_first=len(mask.ext.parts) > 1)
-
-
-def _plan_sizes(plan: AttentionPlan) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(d for op in (plan.q, plan.k, plan.v, plan.o) for d in op.dims))
+                n_start_expr=first_tile_c(mask.conds, mask.ktile,
+                                          {mask.row: ("0", str(bm - 1)), mask.col: ("0", str(bn - 1))},
+                                          {**sizes, **batch, mask.qtile: "qt"}),
+                heavy_first=len(mask.ext.parts) > 1, has_term=mask.term is not None, score_term=term,
+                term_decls=uniform_decls,
+                term_per_element_reads=any(isinstance(x, Read) and x not in uniform
+                                           for x in (walk(mask.term) if mask.term is not None else ())),
+                SCALE=repr(float(plan.scale)) + "f")
 
 
 def _promises(plan: AttentionPlan) -> dict:
@@ -318,7 +419,11 @@ def _print(k: Kernel, options: tuple[str, ...], instr: str) -> Printed:
         raise refuse(name, f"the products are mapped to {plan.mma}")
     wgmma = instr == "wgmma"
     try:
-        ks = (render_attn_wgmma if wgmma else render_fold)(plan, mask_context(mask, plan), options)
+        ctx = mask_context(mask, plan)
+        if wgmma:  # a score term holds more registers: the overlapped schedule would spill
+            ks = render_attn_wgmma(plan, ctx, options, overlap=not ctx["has_term"])
+        else:
+            ks = render_fold(plan, ctx, options)
     except ValueError as exc:
         raise refuse(name, str(exc)) from None
     promises = {**_promises(plan), "expect_async_copy": True} if wgmma else _promises(plan)  # TMA always copies
