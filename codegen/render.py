@@ -12,6 +12,7 @@ from compiler.machine import DEVICE, DTYPES
 from codegen import launch
 from codegen.ctx_common import (DEFAULT_OPTIONS, Sizes, batch, contraction_grid_ctx, ident, params,
                                 source, tile_axis)
+from codegen.epilogue import lambdas
 from codegen.plan import AttentionPlan, ContractionPlan, check_plan, threads
 from codegen.source import KernelSource
 
@@ -35,6 +36,8 @@ def _contraction_ctx(p: ContractionPlan) -> dict:
                      M=sz.expr(p.m), N=sz.expr(p.n), K=sz.expr(p.k),
                      stage_a=p.a.level == "shared", stage_b=p.b.level == "shared")
     ctx["params"], arg_names = params(p, sz)
+    ctx["epi"] = p.epilogue
+    ctx["epi_lambdas"] = lambdas(p.epilogue) if p.epilogue else ""
     ea, eb = DTYPES[p.a.dtype].bytes, DTYPES[p.b.dtype].bytes
     ctx.update(a_elem=ea, b_elem=eb, a_vec=16 // ea, b_vec=16 // eb,
                a_tile=p.block_m * p.block_k, b_tile=p.block_k * p.block_n,
@@ -76,7 +79,7 @@ def _contraction_ctx(p: ContractionPlan) -> dict:
     ctx["peel"] = (ctx["stage_a"] or ctx["stage_b"]) and bool(full or p.guard_k)
     ctx["full_cond"] = " && ".join(f"({c})" for c in full) if full else "true"
     store = ([m_in] if p.guard_m else []) + ([n_in] if p.guard_n else []) + \
-        ([ctx["c_vec_ok"]] if ctx["c_vec_ok"] else [])
+        ([ctx["c_vec_ok"]] if ctx["c_vec_ok"] else []) + (["epi_interior"] if p.epilogue else [])
     ctx["store_full"] = " && ".join(f"({c})" for c in store) if store else None
     lay = launch.smem_layout(p)
     ctx["smem_bytes"] = lay["total"]
