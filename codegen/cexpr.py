@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from compiler.ir import Aff, Cond, Ext
+from compiler.ir import UNARY_FUNCTIONS, Aff, Cond, Ext
 
 
 def aff_c(a: Aff, names: Mapping[str, str]) -> str:
@@ -30,6 +30,26 @@ def cond_c(c: Cond, names: Mapping[str, str]) -> str:
 
 def conds_c(conds: tuple[Cond, ...], names: Mapping[str, str]) -> str:
     return " && ".join(cond_c(c, names) for c in conds) if conds else "true"
+
+
+# float functions of the CUDA math library for the language's unary functions (fp32 math)
+_UNARY_C = {"exp": "expf", "sqrt": "sqrtf", "rsqrt": "rsqrtf", "tanh": "tanhf", "erf": "erff"}
+assert set(_UNARY_C) | {"neg"} == set(UNARY_FUNCTIONS)
+
+
+def unary_c(op: str, arg: str) -> str:
+    """C text of a unary function applied to the C expression `arg` (a float)."""
+    if op == "neg":
+        return f"(-{arg})"
+    fn = _UNARY_C.get(op)
+    if fn is None:
+        raise KeyError(f"function {op} has no C form")
+    return f"{fn}({arg})"
+
+
+def index_value_c(a: Aff, names: Mapping[str, str]) -> str:
+    """An affine index expression as a float value (64-bit integer math, then converted)."""
+    return f"((float)(long long){aff_c(a, names)})"
 
 
 def ext_c(x: Ext, names: Mapping[str, str]) -> str:

@@ -16,8 +16,8 @@ from typing import Mapping
 
 import numpy as np
 
-from compiler.interp import random_inputs, rel_error, run_program
-from compiler.ir import Aff, Bin, Cond, Const, Expr, Ext, Program, Read, Reduce, Select, Un
+from compiler.interp import erf, random_inputs, rel_error, run_program
+from compiler.ir import Aff, Bin, Cond, Const, Expr, Ext, IndexValue, Program, Read, Reduce, Select, Un
 
 from .kir import Compute, Kernel, Stage, Stmt, TileLoop
 
@@ -142,6 +142,9 @@ class _Env:
             return _scalar(float(e.value))
         if isinstance(e, Read):
             return self.read(e)
+        if isinstance(e, IndexValue):
+            v = self.aff(e.aff)
+            return _V(v.arr.astype(np.float64), v.dims)
         if isinstance(e, Bin):
             a, b = self.eval(e.a), self.eval(e.b)
             fn = _BINARY.get(e.op)
@@ -152,7 +155,8 @@ class _Env:
             fn = _UNARY.get(e.op)
             if fn is None:
                 raise KirError(f"unknown function {e.op}")
-            return _lift(fn, self.eval(e.a))
+            with np.errstate(all="ignore"):
+                return _lift(fn, self.eval(e.a))
         if isinstance(e, Select):
             return _lift(np.where, self.cond(e.conds), self.eval(e.then), self.eval(e.other))
         if isinstance(e, Reduce):
@@ -231,7 +235,8 @@ _BINARY = {
     "/": lambda a, b: np.where(b == 0, 0.0, a / np.where(b == 0, 1.0, b)),  # the field's x / 0 = 0
     "rescale": lambda a, b: np.where(a == b, 1.0, np.exp(a - b)),
 }
-_UNARY = {"exp": np.exp, "neg": np.negative}
+_UNARY = {"exp": np.exp, "neg": np.negative, "sqrt": np.sqrt, "rsqrt": lambda a: 1.0 / np.sqrt(a),
+          "tanh": np.tanh, "erf": erf}
 
 
 def run_kernel(k: Kernel, sizes: Mapping[str, int], tensors: Mapping[str, np.ndarray]) -> np.ndarray:

@@ -20,15 +20,15 @@ from __future__ import annotations
 import re
 
 from compiler.ir import (
-    AccFact, Aff, Bin, Binding, Const, Def, Expr, Ext, Fold, Let, Program, Read, Reduce, Select, Softmax,
-    Un, walk,
+    UNARY_FUNCTIONS, AccFact, Aff, Bin, Binding, Const, Def, Expr, Ext, Fold, IndexValue, Let, Program, Read,
+    Reduce, Select, Softmax, Un, walk,
 )
 from compiler.printer import show_expr
 
 from .kir import Buffer, Compute, GridDim, Kernel, LaneDim, Stage, State, Stmt, Store, TensorArg, TileLoop
 
 BINARY_OPS = ("+", "-", "*", "/", "max", "rescale")
-UNARY_OPS = ("exp", "neg")
+UNARY_OPS = UNARY_FUNCTIONS
 REDUCTIONS = {"sum": 0.0, "max": float("-inf")}
 
 
@@ -91,7 +91,7 @@ class _Lowering:
 
     def expr(self, e: Expr, inside_dims: bool = False) -> tuple[list[Stmt], Expr]:
         """Statements to run first, and the lane-level value of e."""
-        if isinstance(e, (Const, Read)):
+        if isinstance(e, (Const, Read, IndexValue)):
             if isinstance(e, Const) and not isinstance(e.value, (int, float)):
                 raise LoweringError(f"constant {e!r} is not a number")
             return [], e

@@ -19,15 +19,29 @@ result), and every `Def` must write each element of its tensor exactly once.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Mapping
 
 import numpy as np
 
 from .ir import (
-    Aff, Bin, Binding, Cond, Const, Def, Expr, Ext, Fold, Let, Program, Read, Reduce, Select,
-    Softmax, Un,
+    Aff, Bin, Binding, Cond, Const, Def, Expr, Ext, Fold, IndexValue, Let, Program, Read, Reduce,
+    Select, Softmax, Un,
 )
+
+_erf_scalar = np.frompyfunc(math.erf, 1, 1)
+
+
+def erf(a: np.ndarray) -> np.ndarray:
+    """The error function elementwise in float64 (numpy has none; NaN and ±inf pass through)."""
+    return np.asarray(_erf_scalar(np.asarray(a, dtype=np.float64)), dtype=np.float64)
+
+
+UNARY = {
+    "exp": np.exp, "neg": np.negative, "sqrt": np.sqrt, "rsqrt": lambda a: 1.0 / np.sqrt(a),
+    "tanh": np.tanh, "erf": erf,
+}
 
 
 class InterpError(Exception):
@@ -406,6 +420,8 @@ def evaluate(env: _Env, e: Expr) -> np.ndarray:
         return np.full((1,) * d, e.value)
     if isinstance(e, Read):
         return _read(env, e)
+    if isinstance(e, IndexValue):
+        return _lift(env.aff(e.aff).astype(np.float64), d)
     if isinstance(e, Bin):
         a, b = evaluate(env, e.a), evaluate(env, e.b)
         with np.errstate(all="ignore"):
@@ -424,12 +440,11 @@ def evaluate(env: _Env, e: Expr) -> np.ndarray:
         raise InterpError(f"unknown operator {e.op}")
     if isinstance(e, Un):
         a = evaluate(env, e.a)
+        fn = UNARY.get(e.op)
+        if fn is None:
+            raise InterpError(f"unknown function {e.op}")
         with np.errstate(all="ignore"):
-            if e.op == "exp":
-                return np.exp(a)
-            if e.op == "neg":
-                return -a
-        raise InterpError(f"unknown function {e.op}")
+            return fn(a)
     if isinstance(e, Select):
         return np.where(env.cond(e.conds), evaluate(env, e.then), evaluate(env, e.other))
     if isinstance(e, Reduce):

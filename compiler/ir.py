@@ -209,6 +209,14 @@ class Read:
 
 
 @dataclass(frozen=True)
+class IndexValue:
+    """The value of an affine expression of indices and sizes, as a number: `sum(k: …) / C`
+    reads the size C, `Slope[h] * (j - i)` the index difference j - i."""
+
+    aff: Aff
+
+
+@dataclass(frozen=True)
 class Bin:
     op: str  # + - * / max rescale (rescale(a, b) = exp(a - b), 1 when a == b)
     a: "Expr"
@@ -217,7 +225,7 @@ class Bin:
 
 @dataclass(frozen=True)
 class Un:
-    op: str  # exp neg
+    op: str  # one of UNARY_FUNCTIONS
     a: "Expr"
 
 
@@ -284,7 +292,11 @@ class Fold:
     result: "Expr"
 
 
-Expr = Union[Const, Read, Bin, Un, Reduce, Select, Softmax, Let, Fold]
+Expr = Union[Const, Read, IndexValue, Bin, Un, Reduce, Select, Softmax, Let, Fold]
+
+# The unary functions of the language (`neg` is unary minus); every pass that evaluates,
+# exports or prints expressions covers exactly these.
+UNARY_FUNCTIONS = ("exp", "neg", "sqrt", "rsqrt", "tanh", "erf")
 
 # --------------------------------------------------------------------------- statements
 
@@ -357,7 +369,7 @@ class Program:
 
 
 def children(e: Expr) -> tuple[Expr, ...]:
-    if isinstance(e, (Const, Read)):
+    if isinstance(e, (Const, Read, IndexValue)):
         return ()
     if isinstance(e, Bin):
         return (e.a, e.b)
@@ -385,7 +397,7 @@ def walk(e: Expr) -> Iterator[Expr]:
 
 def map_children(e: Expr, f: Callable[[Expr], Expr]) -> Expr:
     """Rebuild e with f applied to each direct child."""
-    if isinstance(e, (Const, Read)):
+    if isinstance(e, (Const, Read, IndexValue)):
         return e
     if isinstance(e, Bin):
         return Bin(e.op, f(e.a), f(e.b))
@@ -423,6 +435,8 @@ def free_indices(e: Expr) -> frozenset[str]:
     """Index variables and size names used free in e (tensor names excluded)."""
     if isinstance(e, Const):
         return frozenset()
+    if isinstance(e, IndexValue):
+        return e.aff.names()
     if isinstance(e, Read):
         out: frozenset[str] = frozenset()
         for a in e.idx:
@@ -475,6 +489,8 @@ def subst_index(e: Expr, name: str, value: Aff) -> Expr:
     """Substitute index variable `name` := value (capture-avoiding: binders must not clash)."""
     if isinstance(e, Const):
         return e
+    if isinstance(e, IndexValue):
+        return IndexValue(e.aff.subst(name, value))
     if isinstance(e, Read):
         return Read(e.tensor, tuple(a.subst(name, value) for a in e.idx))
     if isinstance(e, Select):

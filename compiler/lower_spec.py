@@ -8,7 +8,7 @@ from __future__ import annotations
 from .errors import SpecError, did_you_mean
 from .names import name_problem
 from .ir import (
-    Aff, Bin, Cond, Const, Def, Expr, Ext, Loop, Program, Read, Reduce, Select, Softmax,
+    Aff, Bin, Cond, Const, Def, Expr, Ext, IndexValue, Loop, Program, Read, Reduce, Select, Softmax,
     TensorType, Un,
 )
 from .parse import (
@@ -113,8 +113,20 @@ class _Lowering:
                 raise SpecError(where, f"unknown index {n!r}{did_you_mean(n, list(bound) + list(self.spec.sizes))}")
         return Aff.build(dict(a.coefs), a.const)
 
-    def cond(self, c: PCond, bound: set[str], where: str) -> Cond:
-        return Cond(self.aff(c.lhs, bound, where), c.op, self.aff(c.rhs, bound, where))
+    def cond(self, c: PCond, bound: set[str], where: str) -> tuple[Cond, ...]:
+        """The IR keeps `<` and `<=` only: `a > b` is `b < a`, `a >= b` is `b <= a`, and
+        `a == b` is `a <= b && b <= a`."""
+        lhs, rhs = self.aff(c.lhs, bound, where), self.aff(c.rhs, bound, where)
+        if c.op in ("<", "<="):
+            return (Cond(lhs, c.op, rhs),)
+        if c.op in (">", ">="):
+            return (Cond(rhs, c.op[0].replace(">", "<") + c.op[1:], lhs),)
+        if c.op == "==":
+            return (Cond(lhs, "<=", rhs), Cond(rhs, "<=", lhs))
+        raise SpecError(where, f"unknown comparison {c.op!r}")
+
+    def conds(self, cs: tuple[PCond, ...], bound: set[str], where: str) -> tuple[Cond, ...]:
+        return tuple(x for c in cs for x in self.cond(c, bound, where))
 
     def expr(self, e: PExpr, st: PStatement, extents: dict[str, str], where: str, bound: set[str]) -> Expr:
         if isinstance(e, PNum):
@@ -122,16 +134,23 @@ class _Lowering:
         if isinstance(e, PName):
             if e.name in self.spec.params:
                 return Const(param_value(self.spec, e.name), e.name)
-            raise SpecError(where, f"unknown name {e.name!r}{did_you_mean(e.name, self.spec.params)} "
-                                   f"(parameters: {', '.join(self.spec.params) or 'none'})")
+            if e.name in bound or e.name in self.spec.sizes:
+                return IndexValue(Aff.of(e.name))
+            known = list(self.spec.params) + list(self.spec.sizes) + sorted(bound)
+            raise SpecError(where, f"unknown name {e.name!r}{did_you_mean(e.name, known)} "
+                                   f"(parameters: {', '.join(self.spec.params) or 'none'}; sizes and indices "
+                                   "are values too)")
         if isinstance(e, PRead):
             return Read(e.tensor, tuple(self.aff(a, bound, where) for a in e.idx))
         if isinstance(e, PBin):
-            return Bin(e.op, self.expr(e.a, st, extents, where, bound), self.expr(e.b, st, extents, where, bound))
+            a, b = self.expr(e.a, st, extents, where, bound), self.expr(e.b, st, extents, where, bound)
+            if e.op in "+-" and isinstance(a, IndexValue) and isinstance(b, IndexValue):
+                return IndexValue(a.aff + b.aff if e.op == "+" else a.aff - b.aff)  # j - i: one affine value
+            return Bin(e.op, a, b)
         if isinstance(e, PCall):
             return Un(e.fn, self.expr(e.a, st, extents, where, bound))
         if isinstance(e, PWhere):
-            conds = tuple(self.cond(c, bound, where) for c in e.conds)
+            conds = self.conds(e.conds, bound, where)
             return Select(conds, self.expr(e.then, st, extents, where, bound), self.expr(e.other, st, extents, where, bound))
         if isinstance(e, PReduce):
             if e.op == "softmax" and e.var not in st.idx:
@@ -150,7 +169,7 @@ class _Lowering:
             body = self.expr(e.body, st, extents, where, inner)
             if e.guard:
                 neutral = Const(0.0) if e.op == "sum" else Const(float("-inf"))
-                body = Select(tuple(self.cond(c, inner, where) for c in e.guard), body, neutral)
+                body = Select(self.conds(e.guard, inner, where), body, neutral)
             return Reduce(e.op, e.var, ext, body)
         raise SpecError(where, f"unsupported expression {e!r}")
 
@@ -167,7 +186,7 @@ class _Lowering:
         from .ir import subst_index
 
         score = subst_index(body, e.var, Aff.of(inner_var))
-        mask = tuple(self.cond(c, bound, where).subst(e.var, Aff.of(inner_var)) for c in e.guard)
+        mask = tuple(c.subst(e.var, Aff.of(inner_var)) for c in self.conds(e.guard, bound, where))
         return Softmax(inner_var, ext, score, Aff.of(e.var), mask)
 
 

@@ -276,8 +276,8 @@ def ob_unfuse(rec, before: Program, after: Program) -> Obligation:
     new = after.def_named(p.name)
     ex, b, a, hyps = _site(rec, before, after, p.def_, f["site"])
     ex2 = _exporter(before, after, {new.name: new})
-    ex2.nat_vars, ex2.tensors, ex2.bufs, ex2.consts, ex2._const_keys, ex2.result_ty = (
-        ex.nat_vars, ex.tensors, ex.bufs, ex.consts, ex._const_keys, ex.result_ty)
+    ex2.nat_vars, ex2.tensors, ex2.bufs, ex2.consts, ex2._const_keys, ex2.result_ty, ex2.funs = (
+        ex.nat_vars, ex.tensors, ex.bufs, ex.consts, ex._const_keys, ex.result_ty, ex.funs)
     bd, ad = _def_pair(before, after, p.def_)
     a = ex2.expr(_at_path(ad.body, _find_path(bd.body, f["site"])), {})
     ob = _ob(rec, "gen_inline", checked=f"the reduction equals the read of the new definition {new.name} (genAt)")

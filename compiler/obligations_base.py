@@ -92,6 +92,7 @@ def _binders(ex: Exporter, exclude: set[str] = frozenset()) -> list[tuple[str, A
     out += [(n, ex.arity_type(n, a)) for n, a in sorted(ex.tensors.items())]
     out += [(n, ex.arity_type(n, a)) for n, a in sorted(ex.bufs.items())]
     out += [(n, 0) for n in ex.consts]
+    out += sorted(ex.funs.items())
     return out
 
 

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .ir import (
-    Aff, Bin, Cond, Const, Def, Expr, Ext, Fold, Let, Program, Read, Reduce, Select, Softmax, Un,
+    UNARY_FUNCTIONS, Aff, Bin, Cond, Const, Def, Expr, Ext, Fold, IndexValue, Let, Program, Read, Reduce,
+    Select, Softmax, Un,
 )
 from .obligations_types import EXT, FIN, join, program_types
 
@@ -124,10 +125,12 @@ def _nat_arg(a: Term, lang: str) -> str:
 
 
 def coq_type(arity: int | str | tuple[int, str], lang: str = "coq") -> str:
-    """nat, or a tensor type nat -> … -> R (arity k), or (k, 'X'): … -> ext R."""
+    """nat, a real function R -> R ('fun'), or a tensor type nat -> … -> R (arity k), or (k, 'X'): … -> ext R."""
     if arity == "nat":
         return "nat" if lang == "coq" else "Nat"
     arrow = " -> " if lang == "coq" else " → "
+    if arity == "fun":
+        return f"R{arrow}R"
     nat = "nat" if lang == "coq" else "Nat"
     k, ty = arity if isinstance(arity, tuple) else (arity, FIN)
     val = "R" if ty == FIN else ("ext R" if lang == "coq" else "Ext R")
@@ -157,6 +160,10 @@ class Exporter:
     tensors: dict[str, int] = field(default_factory=dict)
     bufs: dict[str, int] = field(default_factory=dict)
     consts: dict[str, str] = field(default_factory=dict)
+    # the language's functions other than exp (sqrt, tanh, …: `f_<op> : R -> R`) and the value of an
+    # index (`f_ofnat : nat -> R`) are quantified: an obligation holds for every such function, so for
+    # the real ones; name -> binder type ('fun' or 1)
+    funs: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     _const_keys: dict[Any, str] = field(default_factory=dict)
     _fresh: int = 0
@@ -220,6 +227,16 @@ class Exporter:
             return self._sum(pos, const)
         self.notes.append(f"index {a} has negative parts: exported with truncating nat subtraction")
         return ("nop", "-", self._sum(pos, max(const, 0)), self._sum(neg, max(-const, 0)))
+
+    def index_value(self, a: Aff, env: dict) -> Term:
+        """The number an affine index expression denotes: ofnat(positive part) - ofnat(negative part),
+        exact over the integers whatever ofnat is, with no truncating nat subtraction."""
+        pos, neg, const = self.aff_parts(a, env)
+        self.funs["f_ofnat"] = 1
+        plus = A("f_ofnat", self._sum(pos, max(const, 0)))
+        if not neg and const >= 0:
+            return plus
+        return A("sub", plus, A("f_ofnat", self._sum(neg, max(-const, 0))))
 
     def cond_sides(self, c: Cond, env: dict) -> tuple[Term, Term]:
         pl, nl, kl = self.aff_parts(c.lhs, env)
@@ -369,7 +386,13 @@ class Exporter:
                 return (A("eexp", x) if tx == EXT else A("exp", x)), FIN
             if e.op == "neg":
                 return A("neg", self._fin(e.a, env)), FIN
+            if e.op in UNARY_FUNCTIONS:
+                name = "f_" + san(e.op)
+                self.funs[name] = "fun"
+                return A(name, self._fin(e.a, env)), FIN
             raise ExportError(f"unary operator {e.op}")
+        if isinstance(e, IndexValue):
+            return self.index_value(e.aff, env), FIN
         if isinstance(e, Reduce):
             return self.reduce(e, env)
         if isinstance(e, Select):

@@ -6,9 +6,11 @@
     O[b, h, i, d] = sum(j: P[b, h, i, j] * V[b, h, j, d])
 
 Grammar: + - * / with the usual precedence, unary minus, numbers, parameter names,
-reads `T[affine, ...]`, `exp(e)`, `max(a, b)`, reductions `sum(v: e)` / `max(v: e)` with an
-optional guard `sum(v | cond && cond: e)`, `softmax(v [| cond]: e)` and `where(cond, a, b)`.
-Affine indices: `i`, `2*i + 1`, `i - j`; conditions `a < b` / `a <= b`.
+reads `T[affine, ...]`, `exp(e)`, `sqrt(e)`, `rsqrt(e)`, `tanh(e)`, `erf(e)`, `max(a, b)`,
+reductions `sum(v: e)` / `max(v: e)` with an optional guard `sum(v | cond && cond: e)`,
+`softmax(v [| cond]: e)` and `where(cond, a, b)`.  A size or index name used as a value (`/ C`,
+`(j - i)`) is its number.  Affine indices: `i`, `2*i + 1`, `i - j`; conditions
+`a < b`, `a <= b`, `a > b`, `a >= b`, `a == b`, joined with `&&`.
 The parser produces a small syntax tree; `lower_spec` turns it into IR.
 """
 from __future__ import annotations
@@ -25,7 +27,11 @@ MAX_STATEMENT_LENGTH = 4000
 MAX_NESTING = 32
 MAX_EXPR_DEPTH = 100
 
-TOKEN = re.compile(r"\s*(?:(\d+\.\d*(?:[eE][-+]?\d+)?|\d+(?:[eE][-+]?\d+)?)|([A-Za-z_][A-Za-z_0-9]*)|(<=|&&|[-+*/()\[\],:<|=]))")
+TOKEN = re.compile(r"\s*(?:(\d+\.\d*(?:[eE][-+]?\d+)?|\d+(?:[eE][-+]?\d+)?)|([A-Za-z_][A-Za-z_0-9]*)|(<=|>=|==|&&|[-+*/()\[\],:<>|=]))")
+
+
+FUNCTIONS = ("exp", "sqrt", "rsqrt", "tanh", "erf")
+COMPARISONS = ("<", "<=", ">", ">=", "==")
 
 
 class ParseError(Exception):
@@ -70,7 +76,7 @@ class PBin:
 
 @dataclass(frozen=True)
 class PCall:
-    fn: str  # exp | neg
+    fn: str  # one of FUNCTIONS, or neg
     a: "PExpr"
 
 
@@ -221,10 +227,10 @@ class _Parser:
             body = self.expr()
             self.take(")")
             return PReduce(fn, var, guard, body)
-        if fn == "exp":
+        if fn in FUNCTIONS:
             a = self.expr()
             self.take(")")
-            return PCall("exp", a)
+            return PCall(fn, a)
         if fn == "max":
             a = self.expr()
             self.take(",")
@@ -240,8 +246,8 @@ class _Parser:
             self.take(")")
             return PWhere(conds, a, b)
         raise ParseError(
-            f"unknown function {fn!r} (known: sum(v: e), max(v: e), max(a, b), exp(e), "
-            "softmax(v: e), where(cond, a, b))"
+            f"unknown function {fn!r} (known: sum(v: e), max(v: e), max(a, b), "
+            + ", ".join(f"{f}(e)" for f in FUNCTIONS) + ", softmax(v: e), where(cond, a, b))"
         )
 
     def conds(self) -> tuple[PCond, ...]:
@@ -254,8 +260,8 @@ class _Parser:
     def cond(self) -> PCond:
         lhs = self.aff()
         op = self.take()
-        if op not in ("<", "<="):
-            raise ParseError(f"expected < or <= in a condition, found {op!r}")
+        if op not in COMPARISONS:
+            raise ParseError(f"expected one of {' '.join(COMPARISONS)} in a condition, found {op!r}")
         return PCond(lhs, op, self.aff())
 
     def aff(self) -> PAff:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 
 from .ir import (
-    Bin, Binding, Const, Def, Expr, Fold, Let, Program, Read, Reduce, Select, Softmax, Un,
+    Bin, Binding, Const, Def, Expr, Fold, IndexValue, Let, Program, Read, Reduce, Select, Softmax, Un,
 )
 
 _PREC = {"+": 1, "-": 1, "*": 2, "/": 2}
@@ -17,6 +17,8 @@ def show_expr(e: Expr, indent: int = 0) -> str:
         # A labelled constant carries its value: the digest is of the printed program, and two
         # specs that differ only in a parameter's value must not share one.
         return f"{e.label}(={_number(e.value)})" if e.label else _number(e.value)
+    if isinstance(e, IndexValue):
+        return f"idx({e.aff})"
     if isinstance(e, Read):
         return e.tensor + ("[" + ", ".join(str(a) for a in e.idx) + "]" if e.idx else "")
     if isinstance(e, Bin):

@@ -15,10 +15,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from compiler.ir import Aff, Bin, Const, Expr, Read, Reduce, Select, Un, free_indices, walk
+from compiler.ir import Aff, Bin, Const, Expr, IndexValue, Read, Reduce, Select, Un, free_indices, walk
 from compiler.machine import DEVICE, DTYPES
 
-from ..cexpr import aff_c, conds_c, ext_c, size_names
+from ..cexpr import aff_c, conds_c, ext_c, index_value_c, size_names, unary_c
 from ..kir import Buffer, Compute, Kernel, Stage, Stmt, TileLoop
 from ..lower import UnsupportedMapping
 from ..source import KernelSource, Launch
@@ -119,7 +119,12 @@ class _Printer:
                 return f"({a} {e.op} {b})"
             return {"/": f"div0({a}, {b})", "max": f"fmaxf({a}, {b})", "rescale": f"rescale({a}, {b})"}[e.op]
         if isinstance(e, Un):
-            return {"exp": f"expf({self.ex(e.a, names)})", "neg": f"(-{self.ex(e.a, names)})"}[e.op]
+            try:
+                return unary_c(e.op, self.ex(e.a, names))
+            except KeyError as exc:
+                raise UnsupportedMapping(f"SIMT: {exc.args[0]}") from None
+        if isinstance(e, IndexValue):
+            return index_value_c(e.aff, names)
         if isinstance(e, Select):
             return f"({conds_c(e.conds, names)} ? {self.ex(e.then, names)} : {self.ex(e.other, names)})"
         if isinstance(e, Reduce):
