@@ -8,21 +8,20 @@ The contraction mappings accept a stored value that is an expression of
 - scalar bindings computed after the tile loop (`Compute` of a register scalar: FUSE's binding
   of a producer read several times), inlined where they are read;
 - number constants, `+ - * /`, `max`, and the functions `exp neg tanh sqrt rsqrt erf`;
-- sizes and indices as values (`IndexValue`, when the IR has it).
+- sizes and indices as values (`IndexValue`).
 
 Anything else (a condition, a reduction, `rescale`, a non-finite constant, a read of a buffer or
 of a tensor that is not an input) is refused with `UnsupportedMapping` naming it: the store never
 drops what the kernel IR says.
 
-The value is printed twice as the body of a C++ lambda `(float acc_, int er_, int ec_) -> float`
+The value is printed as the body of a C++ lambda `epi(float acc_, int er_, int ec_) -> float`
 (`er_`, `ec_`: the element's row and column inside the output tile; block indices, sizes and
-tensor pointers are captured):
-
-- `guarded`: every read `T[idx]` is `(0 <= idx_d && idx_d < dim_d for every d) ? T[idx] : 0`
-  (the lower bound is left out where every coefficient and the constant are >= 0);
-- `unguarded`: the same reads without guards, valid when `interior` holds: the C condition, from
-  `cexpr.box_extremes`, that every read's guard holds on the whole output tile of this block.
-  Interior blocks take the unguarded lambda, so the fast path pays no bound checks.
+tensor pointers are captured).  Every read `T[idx]` is guarded by its bounds,
+`(epi_interior || (0 <= idx_d && idx_d < dim_d for every d)) ? T[idx] : 0` (the lower bound is
+left out where every coefficient and the constant are >= 0), where `epi_interior` is the C
+condition, from `cexpr.box_extremes`, that every read's guard holds on the whole output tile of
+this block: interior blocks pass every guard on one uniform predicate.  (One code path: a second,
+unguarded copy of the epilogue costs the cp.async kernel its last registers and spills.)
 
 Instruction choices (never meaning): with an f16 / bf16 output, `tanh` prints as the hardware
 `tanh.approx.f32` (relative error about 2^-11, the output's own rounding) and `exp` as `__expf`;
@@ -33,7 +32,7 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-from compiler.ir import Aff, Bin, Cond, Const, Expr, Read, Un, walk
+from compiler.ir import Aff, Bin, Cond, Const, Expr, IndexValue, Read, Un, walk
 
 from .cexpr import aff_c, box_extremes, cond_c
 from .kir import Compute, Kernel
@@ -89,9 +88,8 @@ class _Printer:
             if fn in HELPERS and HELPERS[fn] not in self.helpers:
                 self.helpers.append(HELPERS[fn])
             return f"{fn}({a})"
-        aff = getattr(e, "aff", None)
-        if type(e).__name__ == "IndexValue" and isinstance(aff, Aff):
-            return f"((float){self.aff(aff, 'an index value')})"
+        if isinstance(e, IndexValue):
+            return f"((float){self.aff(e.aff, 'an index value')})"
         raise self.refuse(f"contains {type(e).__name__} ({_short(e)}), which a contraction's store does not print")
 
     def aff(self, a: Aff, what: str) -> str:
@@ -128,7 +126,7 @@ class _Printer:
         if not guarded or not conds:
             return load
         test = " && ".join(cond_c(c, self.names) for c in conds)
-        return f"(({test}) ? {load} : 0.0f)"
+        return f"((epi_interior || ({test})) ? {load} : 0.0f)"
 
 
 def scalar_bindings(k: Kernel, mapping: str) -> dict[str, Expr]:
@@ -160,7 +158,6 @@ def plan_epilogue(k: Kernel, acc: str, names: Mapping[str, str], pointers: Mappi
     lanes = {ln.var: ln.extent for ln in k.lanes}
     p = _Printer(k, acc, names, pointers, lanes, bindings, k.output.dtype, mapping)
     guarded = p.expr(value, True)
-    unguarded = p.expr(value, False)
     box = {v: ("0", str(n - 1)) for v, n in lanes.items()}
     interior = " && ".join(box_extremes(c, box, names)[0] for c in p.conds) or "true"
     tensors = tuple(t for t in k.inputs if t.name in p.reads)
@@ -173,17 +170,16 @@ def plan_epilogue(k: Kernel, acc: str, names: Mapping[str, str], pointers: Mappi
             dims.append(a.terms[0][0])
         ops.append(Operand(t.name, tuple(dims), t.dtype, "global"))
     return EpiloguePlan(source=_short(value, 400), tensors=tuple(ops), pointers=tuple(pointers[t.name] for t in tensors),
-                        guarded=guarded, unguarded=unguarded, interior=interior, helpers=tuple(p.helpers))
+                        value=guarded, interior=interior, helpers=tuple(p.helpers))
 
 
 def lambdas(e: EpiloguePlan) -> str:
-    """The two C++ lambdas a contraction template defines once its block indices exist."""
+    """The C++ a contraction template places once its block indices and pointers exist."""
     sig = f"[&](float {ACC}, int {ROW}, int {COL}) -> float"
     return (f"// epilogue (kernel IR): {e.source}\n"
-            f"    auto epi_g = {sig} {{ (void){ROW}; (void){COL}; return {e.guarded}; }};\n"
-            f"    auto epi_u = {sig} {{ (void){ROW}; (void){COL}; return {e.unguarded}; }};\n"
             f"    const bool epi_interior = {e.interior};\n"
-            "    (void)epi_g; (void)epi_u; (void)epi_interior;")
+            f"    auto epi = {sig} {{ (void){ROW}; (void){COL}; return {e.value}; }};\n"
+            "    (void)epi_interior;")
 
 
 def _short(e: Expr, limit: int = 160) -> str:

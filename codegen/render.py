@@ -79,7 +79,7 @@ def _contraction_ctx(p: ContractionPlan) -> dict:
     ctx["peel"] = (ctx["stage_a"] or ctx["stage_b"]) and bool(full or p.guard_k)
     ctx["full_cond"] = " && ".join(f"({c})" for c in full) if full else "true"
     store = ([m_in] if p.guard_m else []) + ([n_in] if p.guard_n else []) + \
-        ([ctx["c_vec_ok"]] if ctx["c_vec_ok"] else []) + (["epi_interior"] if p.epilogue else [])
+        ([ctx["c_vec_ok"]] if ctx["c_vec_ok"] else [])
     ctx["store_full"] = " && ".join(f"({c})" for c in store) if store else None
     lay = launch.smem_layout(p)
     ctx["smem_bytes"] = lay["total"]
