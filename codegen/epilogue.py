@@ -16,7 +16,9 @@ drops what the kernel IR says.
 
 The value is printed as the body of a C++ lambda `epi(float acc_, int er_, int ec_) -> float`
 (`er_`, `ec_`: the element's row and column inside the output tile; block indices, sizes and
-tensor pointers are captured).  Every read `T[idx]` is guarded by its bounds,
+tensor pointers are captured); each distinct read and each binding is a local computed once per
+element (the CUDA compiler does not merge repeated guarded loads).  Every read `T[idx]` is guarded
+by its bounds,
 `(epi_interior || (0 <= idx_d && idx_d < dim_d for every d)) ? T[idx] : 0` (the lower bound is
 left out where every coefficient and the constant are >= 0), where `epi_interior` is the C
 condition, from `cexpr.box_extremes`, that every read's guard holds on the whole output tile of
@@ -59,6 +61,8 @@ class _Printer:
         self.unary = UNARY_FAST if out_dtype in ("f16", "bf16") else UNARY_EXACT
         self.conds: list[Cond] = []
         self.reads: list[str] = []
+        self.locals: list[str] = []       # C statements: each distinct read and binding once
+        self.memo: dict[tuple, str] = {}
         self.helpers: list[str] = []
 
     def refuse(self, what: str) -> UnsupportedMapping:
@@ -103,7 +107,7 @@ class _Printer:
         if r.tensor == self.acc and not r.idx:
             return ACC
         if r.tensor in self.bindings and not r.idx:
-            return self.expr(self.bindings[r.tensor], guarded)
+            return self.local(("bind", r.tensor, guarded), lambda: self.expr(self.bindings[r.tensor], guarded))
         if r.tensor not in self.pointers:
             raise self.refuse(f"reads {r.tensor}, which is not an input tensor of the kernel")
         t = self.k.tensor(r.tensor)
@@ -124,9 +128,18 @@ class _Printer:
         if r.tensor not in self.reads:
             self.reads.append(r.tensor)
         if not guarded or not conds:
-            return load
+            return self.local(("read", r, False), lambda: load)
         test = " && ".join(cond_c(c, self.names) for c in conds)
-        return f"((epi_interior || ({test})) ? {load} : 0.0f)"
+        return self.local(("read", r, True), lambda: f"((epi_interior || ({test})) ? {load} : 0.0f)")
+
+    def local(self, key: tuple, value) -> str:
+        """A C local holding value (computed once per element: a read or a binding)."""
+        name = self.memo.get(key)
+        if name is None:
+            text = value()
+            name = self.memo[key] = f"e{len(self.locals)}_"
+            self.locals.append(f"const float {name} = {text};")
+        return name
 
 
 def scalar_bindings(k: Kernel, mapping: str) -> dict[str, Expr]:
@@ -157,7 +170,8 @@ def plan_epilogue(k: Kernel, acc: str, names: Mapping[str, str], pointers: Mappi
                                  f"accumulator {acc}")
     lanes = {ln.var: ln.extent for ln in k.lanes}
     p = _Printer(k, acc, names, pointers, lanes, bindings, k.output.dtype, mapping)
-    guarded = p.expr(value, True)
+    result = p.expr(value, True)
+    body = " ".join(p.locals + [f"return {result};"])
     box = {v: ("0", str(n - 1)) for v, n in lanes.items()}
     interior = " && ".join(box_extremes(c, box, names)[0] for c in p.conds) or "true"
     tensors = tuple(t for t in k.inputs if t.name in p.reads)
@@ -170,7 +184,7 @@ def plan_epilogue(k: Kernel, acc: str, names: Mapping[str, str], pointers: Mappi
             dims.append(a.terms[0][0])
         ops.append(Operand(t.name, tuple(dims), t.dtype, "global"))
     return EpiloguePlan(source=_short(value, 400), tensors=tuple(ops), pointers=tuple(pointers[t.name] for t in tensors),
-                        value=guarded, interior=interior, helpers=tuple(p.helpers))
+                        body=body, interior=interior, helpers=tuple(p.helpers))
 
 
 def lambdas(e: EpiloguePlan) -> str:
@@ -178,7 +192,7 @@ def lambdas(e: EpiloguePlan) -> str:
     sig = f"[&](float {ACC}, int {ROW}, int {COL}) -> float"
     return (f"// epilogue (kernel IR): {e.source}\n"
             f"    const bool epi_interior = {e.interior};\n"
-            f"    auto epi = {sig} {{ (void){ROW}; (void){COL}; return {e.value}; }};\n"
+            f"    auto epi = {sig} {{ (void){ROW}; (void){COL}; {e.body} }};\n"
             "    (void)epi_interior;")
 
 

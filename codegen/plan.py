@@ -48,7 +48,7 @@ class EpiloguePlan:
     source: str                     # the kernel IR's stored value, as the IR prints it
     tensors: tuple[Operand, ...]    # input tensors the epilogue reads, kernel-IR order
     pointers: tuple[str, ...]       # their C pointer names, same order
-    value: str                      # C value of the lambda epi(acc_, er_, ec_); reads guarded
+    body: str                       # C body of the lambda epi(acc_, er_, ec_): locals, then return
     interior: str                   # C condition on the block: every read guard holds on the tile
     helpers: tuple[str, ...]        # C device functions the value calls
 

@@ -142,7 +142,7 @@ def host_check(kernel, trees: list, seed: int = 0) -> list[str]:
             f"static float epi_{f}(float acc_, int er_, int ec_, int tm, int tn, int sz_M, int sz_N, int sz_K,\n"
             f"    Arr p_e_bias, Arr p_e_C0, bool epi_interior) {{ (void)er_; (void)ec_; (void)tm; (void)tn;\n"
             f"    (void)sz_M; (void)sz_N; (void)sz_K; (void)p_e_bias; (void)p_e_C0; (void)epi_interior;\n"
-            f"    return {plan.value}; }}\n"
+            f"    {plan.body} }}\n"
             f"static bool interior_{f}(int tm, int tn, int sz_M, int sz_N, int sz_K) {{\n"
             f"    (void)tm; (void)tn; (void)sz_M; (void)sz_N; (void)sz_K; return {plan.interior}; }}\n")
     samples = []
@@ -223,7 +223,7 @@ def test_interior_predicate_only_where_every_read_fits(residual_kernel):
     low = Read("bias", (Aff.build({"N": 1, "ji": -1, "jo": -256}, -1),))
     p2 = match(replace(residual_kernel, store=replace(residual_kernel.store, value=Bin("+", Read(acc, ()), low))),
                MAPPING).epilogue
-    assert "(0) <= " in p2.value and "epi_interior ||" in p2.value
+    assert "(0) <= " in p2.body and "epi_interior ||" in p2.body
     assert host_check(residual_kernel, [Bin("+", Read(acc, ()), low)]) == []
 
 
