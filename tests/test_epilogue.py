@@ -466,3 +466,17 @@ def test_fuse_bind_mutation_fails_its_obligation(monkeypatch, tmp_path):
     monkeypatch.setattr(fuse, "bind_reads", lambda c, p, n, t: replace(
         orig(replace(c, loops=tuple(reversed(c.loops))), p, n, t), loops=c.loops))
     assert not step1_passes(tmp_path / "bad")
+
+
+def test_function_instructions_follow_the_output_dtype(residual_kernel):
+    """f16 output: tanh.approx / __expf (below the output's rounding); f32 output: tanhf / expf."""
+    acc = Read(residual_kernel.body[0].state[0].name, ())
+    value = Bin("+", Un("tanh", acc), Un("exp", Un("neg", acc)))
+    k16 = replace(residual_kernel, store=replace(residual_kernel.store, value=value))
+    fast = match(k16, MAPPING).epilogue
+    assert "derivc_tanh_approx(" in fast.body and "__expf(" in fast.body and fast.helpers
+    out32 = replace(residual_kernel.output, dtype="f32")
+    k32 = replace(k16, tensors=tuple(out32 if t.output else t for t in k16.tensors))
+    exact = match(k32, MAPPING).epilogue
+    assert "tanhf(" in exact.body and "expf(" in exact.body and "__expf" not in exact.body
+    assert not exact.helpers
