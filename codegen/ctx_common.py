@@ -135,15 +135,23 @@ def batch_groups(op: Operand) -> list[list[int]]:
 
 
 def params(plan: Plan, sz: Sizes) -> tuple[str, tuple[str, ...]]:
+    """The kernel's parameter list: tensor pointers (in `plan.args` order for a contraction: the
+    kernel IR's, which the runtime passes; else the inputs, an attention's score-term tensors
+    after Q, K, V, then the output), then the dynamic sizes."""
     short = ("a", "b") if isinstance(plan, ContractionPlan) else \
         ("q", "k", "v") + tuple(f"x{n}" for n in range(len(plan.extras)))
-    parts, names = [], []
+    decls: dict[str, str] = {}
     for s, op in zip(short, inputs(plan)):
-        parts.append(f"const {DTYPES[op.dtype].ctype}* __restrict__ p_{s}")
-        names.append(op.name)
+        decls.setdefault(op.name, f"const {DTYPES[op.dtype].ctype}* __restrict__ p_{s}")
+    if isinstance(plan, ContractionPlan) and plan.epilogue is not None:
+        for op, ptr in zip(plan.epilogue.tensors, plan.epilogue.pointers):
+            decls.setdefault(op.name, f"const {DTYPES[op.dtype].ctype}* __restrict__ {ptr}")
     out = output(plan)
-    parts.append(f"{DTYPES[out.dtype].ctype}* __restrict__ p_{'c' if isinstance(plan, ContractionPlan) else 'o'}")
-    names.append(out.name)
+    decls[out.name] = f"{DTYPES[out.dtype].ctype}* __restrict__ p_{'c' if isinstance(plan, ContractionPlan) else 'o'}"
+    order = getattr(plan, "args", ()) or tuple(decls)
+    if set(order) != set(decls):
+        raise ValueError(f"kernel arguments {order} do not match the plan's tensors {tuple(decls)}")
+    parts, names = [decls[n] for n in order], list(order)
     for d in plan.dynamic:
         parts.append(f"int {sz.expr(d)}")
         names.append(d)

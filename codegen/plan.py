@@ -4,8 +4,9 @@ A plan says *what* the kernel computes (operands, which size names play which ro
 (tile sizes, warps, pipeline depth, staging level of each operand, MMA mapping, guards, grid).
 It is plain data: frozen dataclasses, no behaviour beyond validation and small lookups.
 
-ContractionPlan: c[batch..., m, n] = sum_k a[batch..., m, k] * b[batch..., k, n]
-    (b stored [..., n, k] when b_transposed), fp32 accumulation, output dtype c.dtype.
+ContractionPlan: c[batch..., m, n] = epilogue(sum_k a[batch..., m, k] * b[batch..., k, n])
+    (b stored [..., n, k] when b_transposed), fp32 accumulation, output dtype c.dtype; the
+    epilogue (EpiloguePlan, printed from the kernel IR's stored value) is the identity when None.
 AttentionPlan: o[b,h,i,:] = sum_j softmax_j(scale * q[b,h,i,:].k[b,h,j,:], MASK) v[b,h,j,:]
     for any layout whose head dim is innermost: each operand's `roles` say which dim holds the
     rows and which grid loop addresses each other dim (e.g. [B, N, H, D]; GQA's K / V shared by
@@ -47,6 +48,18 @@ class GridAxis:
 
 
 @dataclass(frozen=True)
+class EpiloguePlan:
+    """A contraction's stored value around the accumulator, printed to C by codegen.epilogue."""
+
+    source: str                     # the kernel IR's stored value, as the IR prints it
+    tensors: tuple[Operand, ...]    # input tensors the epilogue reads, kernel-IR order
+    pointers: tuple[str, ...]       # their C pointer names, same order
+    body: str                       # C body of the lambda epi(acc_, er_, ec_): locals, then return
+    interior: str                   # C condition on the block: every read guard holds on the tile
+    helpers: tuple[str, ...]        # C device functions the value calls
+
+
+@dataclass(frozen=True)
 class ContractionPlan:
     kernel_name: str
     a: Operand
@@ -72,6 +85,8 @@ class ContractionPlan:
     guard_k: bool
     grid: tuple[GridAxis, ...]
     swizzle: bool
+    epilogue: Optional[EpiloguePlan] = None  # None: the store writes the accumulator
+    args: tuple[str, ...] = ()  # tensor names in kernel-argument order (the kernel IR's); () = a, b, c
 
 
 @dataclass(frozen=True)
@@ -116,7 +131,8 @@ def output(plan: Plan) -> Operand:
 
 
 def operands(plan: Plan) -> tuple[Operand, ...]:
-    return inputs(plan) + (output(plan),)
+    extra = plan.epilogue.tensors if isinstance(plan, ContractionPlan) and plan.epilogue else ()
+    return inputs(plan) + extra + (output(plan),)
 
 
 def threads(plan: Plan) -> int:
@@ -171,6 +187,9 @@ def check_plan(plan: Plan) -> None:
             raise ValueError(f"operand {c.name}: batch dims {c.dims[:-2]} != {plan.batch}")
         if plan.acc_dtype != "f32":
             raise ValueError("acc_dtype must be 'f32'")
+        named = {a.name, b.name, c.name} | {t.name for t in (plan.epilogue.tensors if plan.epilogue else ())}
+        if plan.args and set(plan.args) != named:
+            raise ValueError(f"kernel arguments {plan.args} are not the plan's tensors {sorted(named)}")
     else:
         grid_loops = {g.loop for g in plan.grid}
         for op, seq in ((plan.q, plan.seq_q), (plan.k, plan.seq_k), (plan.v, plan.seq_k), (plan.o, plan.seq_q)):

@@ -12,6 +12,7 @@ from compiler.machine import DEVICE, DTYPES
 from codegen import launch
 from codegen.ctx_common import (DEFAULT_OPTIONS, Sizes, attn_addressing, contraction_grid_ctx, ident,
                                 params, source, tile_index, with_roles)
+from codegen.epilogue import lambdas
 from codegen.plan import AttentionPlan, ContractionPlan, check_plan, threads
 from codegen.source import KernelSource
 
@@ -35,6 +36,8 @@ def _contraction_ctx(p: ContractionPlan) -> dict:
                      M=sz.expr(p.m), N=sz.expr(p.n), K=sz.expr(p.k),
                      stage_a=p.a.level == "shared", stage_b=p.b.level == "shared")
     ctx["params"], arg_names = params(p, sz)
+    ctx["epi"] = p.epilogue
+    ctx["epi_lambdas"] = lambdas(p.epilogue) if p.epilogue else ""
     ea, eb = DTYPES[p.a.dtype].bytes, DTYPES[p.b.dtype].bytes
     ctx.update(a_elem=ea, b_elem=eb, a_vec=16 // ea, b_vec=16 // eb,
                a_tile=p.block_m * p.block_k, b_tile=p.block_k * p.block_n,

@@ -38,6 +38,7 @@ H200, 2026-11-29 (a developer script of that session, since replaced by devtools
 from __future__ import annotations
 
 from codegen.ctx_common import DEFAULT_OPTIONS, Sizes, contraction_grid_ctx, ident, params, source
+from codegen.epilogue import lambdas
 from codegen.source import KernelSource
 from compiler.machine import DEVICE, DTYPES
 from codegen.plan import ContractionPlan, check_plan, threads
@@ -112,6 +113,8 @@ def _context(p: ContractionPlan, tma: bool = False) -> dict:
                      c_ct=p.c.dtype + "_t", trans_b=g["kn"], guard_m=p.guard_m, guard_n=p.guard_n,
                      guard_k=p.guard_k, M=sz.expr(p.m), N=sz.expr(p.n), K=sz.expr(p.k))
     ctx["params"], ctx["_arg_names"] = params(p, sz)
+    ctx["epi"] = p.epilogue
+    ctx["epi_lambdas"] = lambdas(p.epilogue) if p.epilogue else ""
     if tma:
         ctx["_arg_names"] = ctx["_arg_names"] + ("tmaps",)
     a_chunks, b_chunks = p.block_m * p.block_k // 8, p.block_k * p.block_n // 8

@@ -7,18 +7,22 @@ The meaning these printers implement, with every part taken from the kernel IR:
         stage B_s[r < BK, c < BN] = [bounds] ? B[batch.., BK*ko + r, BN*jo + c] : 0
               (or B_s[r < BN, c < BK] = [bounds] ? B[batch.., BN*jo + r, BK*ko + c] : 0)
         acc := acc + sum(ki < BK @mma: [conds] ? A_s[ii, ki] * B_s[ki, ji] : 0)
-    store C[batch.., BM*io + ii, BN*jo + ji] = acc   where [bounds]
+    [compute x = f(acc, ...) ...]           (register scalars: FUSE's binding of a producer)
+    store C[batch.., BM*io + ii, BN*jo + ji] = epilogue(acc, x, reads)   where [bounds]
 
 `bounds` are tile tails (`BM*io + r < M`, ...), zero-filled by the copies and guarded at the
 store; an inner condition is accepted only when it is one of the operands' zero-fill bounds at
 the read position (so dropping it changes nothing).  Anything else — a mask inside the sum, a
-transposed A, an epilogue expression, a skipped tile range — is refused by name; the SIMT mapping
-prints any kernel IR.
+transposed A, an epilogue the printer cannot print (codegen.epilogue), a skipped tile range — is
+refused by name; the SIMT mapping prints any kernel IR.  The epilogue is printed from the kernel
+IR's stored value (codegen.epilogue), with bound guards on its reads.
 """
 from __future__ import annotations
 
 from compiler.ir import Aff, Bin, Const, Expr, Ext, Read, Reduce, Select
 
+from ..ctx_common import ident
+from ..epilogue import plan_epilogue, scalar_bindings
 from ..kir import Kernel, Stage, TileLoop
 from ..plan import ContractionPlan
 from ..render import render_contraction
@@ -41,8 +45,9 @@ def _product(e: Expr, mapping: str) -> tuple[tuple, Read, Read, Reduce]:
 
 def match(k: Kernel, mapping: str) -> ContractionPlan:
     """The contraction plan of k, or UnsupportedMapping naming what the mapping cannot print."""
-    if len(k.body) != 1 or not isinstance(k.body[0], TileLoop):
+    if not k.body or not isinstance(k.body[0], TileLoop):
         raise refuse(mapping, "the kernel is not one tile loop over k (a contraction)")
+    bindings = scalar_bindings(k, mapping)
     loop: TileLoop = k.body[0]
     if len(loop.state) != 1:
         raise refuse(mapping, f"the tile loop carries {len(loop.state)} states, a contraction one accumulator")
@@ -57,8 +62,6 @@ def match(k: Kernel, mapping: str) -> ContractionPlan:
     inner_conds, ra, rb, red = _product(upd.b, mapping)
     if red.mma is None:
         raise refuse(mapping, "the tile product has no MAP-MMA fact")
-    if k.store.value != Read(acc.name, ()):
-        raise refuse(mapping, "the stored value is not the accumulator (an epilogue this mapping does not print)")
     stages = {s.buf.name: s for s in loop.body if isinstance(s, Stage)}
     if len(stages) != len(loop.body) or len(stages) != 2:
         raise refuse(mapping, "the tile loop must stage exactly the two operand tiles and nothing else")
@@ -158,7 +161,17 @@ def match(k: Kernel, mapping: str) -> ContractionPlan:
     tiles = {g_m: (m, bm), g_n: (n, bn)}
     for pos, g in batch.items():
         tiles[g] = (size_name(out.dims[pos], mapping, f"output {out.name}"), 1)
+    if a_read.tensor == b_read.tensor:
+        raise refuse(mapping, f"both factors stage {a_read.tensor}: the kernel takes one pointer per tensor")
+    names = {**size_names_c(k), lane_r: "er_", lane_c: "ec_", g_m: "tm", g_n: "tn"}
+    for pos, g in batch.items():
+        names[g] = f"bi_{ident(out.dims[pos].terms[0][0])}"
+    pointers = {t.name: f"p_e_{ident(t.name)}" for t in k.inputs}
+    pointers.update({a_read.tensor: "p_a", b_read.tensor: "p_b"})
+    epi = plan_epilogue(k, acc.name, names, pointers, bindings, mapping)
     sizes_used = set(a_op.dims) | set(b_op.dims) | set(c_op.dims)
+    for t in (epi.tensors if epi else ()):
+        sizes_used |= set(t.dims)
     return ContractionPlan(
         kernel_name=k.name, a=a_op, b=b_op, c=c_op, b_transposed=b_transposed, m=m, n=n, k=kdim,
         batch=c_op.dims[:-2], fixed=tuple((s, v) for s, v in k.sizes if v is not None and s in sizes_used),
@@ -166,8 +179,13 @@ def match(k: Kernel, mapping: str) -> ContractionPlan:
         block_m=bm, block_n=bn, block_k=bk, warps_m=warps[lane_r], warps_n=warps[lane_c],
         stages=max(sa.buf.stages, sb.buf.stages), mma=red.mma.instr, acc_dtype="f32",
         guard_m=m in guarded, guard_n=n in guarded, guard_k=kdim in guarded,
-        grid=grid_axes(k, tiles), swizzle=True,
+        grid=grid_axes(k, tiles), swizzle=True, epilogue=epi, args=tuple(t.name for t in k.tensors),
     )
+
+
+def size_names_c(k: Kernel) -> dict[str, str]:
+    """C names of the sizes in a contraction template: literals for fixed, size arguments else."""
+    return {n: (str(v) if v is not None else f"sz_{ident(n)}") for n, v in k.sizes}
 
 
 def _check_batch(read: Read, batch: dict[int, str], mapping: str) -> None:
@@ -210,14 +228,20 @@ def _print(k: Kernel, options: tuple[str, ...], instr: str) -> Printed:
                         Variant("kernel_tma", ks_tma, launch_of(k, ks_tma, ("tma_maps",))))
     except ValueError as exc:
         raise refuse(name, str(exc)) from None
+    want = tuple(t.name for t in k.tensors) + k.dynamic()
+    for v in variants:
+        if v.source.arg_names[:len(want)] != want:
+            raise refuse(name, f"{v.stem} takes arguments {v.source.arg_names}, the kernel IR passes {want}")
     return Printed(f"contraction_{instr}", k, plan, variants, _promises(plan))
 
 
 def _host_wgmma(printed: Printed, sizes: dict[str, int], ptrs: tuple[int, ...]) -> tuple[int, bytes | None]:
     """The warp-specialized TMA kernel when sizes and pointers allow (16-byte rows and bases)."""
     plan = printed.plan
-    if tma_supported(plan, sizes, ptrs[:2]):
-        return 1, encode_tensor_maps(plan, sizes, ptrs[0], ptrs[1])
+    names = plan.args or (plan.a.name, plan.b.name)
+    pa, pb = ptrs[names.index(plan.a.name)], ptrs[names.index(plan.b.name)]
+    if tma_supported(plan, sizes, (pa, pb)):
+        return 1, encode_tensor_maps(plan, sizes, pa, pb)
     return 0, None
 
 

@@ -9,6 +9,18 @@ the output; P's loop nest is untiled and unmapped with the plain store P[i, j] a
 a tiled producer and a consumer reading it untiled are mismatched tilings, refused; every read
 index stays inside P's extents or under a guard.  With `def` the producer is inlined into that
 consumer only; it is removed once nothing reads it.
+
+With `bind: x` the producer's value is computed once and bound (an epilogue reading the
+contraction several times, GELU's x):
+
+    before:  def X[i, j] = f(i, j)             def C[i, j] = g(X[i, j], X[i, j])
+    after:                                     def C[i, j] = let x = f(i, j) in g(x, x)
+
+Preconditions of `bind`, besides the above: one consumer; its loops have the producer's extents,
+in order; every read of the producer in it is X[i, j, ...] with the consumer's own loop indices,
+in order (an elementwise consumer), so the bound value is the producer's at the stored point; x
+is a new name.  The `let` is the scalar binding of the IR (a register value); the obligation is
+gen_inline's, with the let unfolded.
 Theorem: gen_inline (lean/Derivc/Rules/Fuse.lean, proofs_ci/coq).  Inverse: `unfuse`.
 """
 from __future__ import annotations
@@ -17,7 +29,9 @@ from dataclasses import replace
 
 from pydantic import Field
 
-from ..ir import Aff, Def, Expr, Program, Read, names_in_program, replace_reads, subst_index, tensors_read
+from ..ir import (
+    Aff, Binding, Def, Expr, Let, Program, Read, names_in_program, replace_reads, subst_index, tensors_read,
+)
 from . import register
 from .base import Facts, Rule, StepParams, drop_def, freshen_binders, readers_of
 
@@ -25,6 +39,8 @@ from .base import Facts, Rule, StepParams, drop_def, freshen_binders, readers_of
 class FuseParams(StepParams):
     producer: str
     def_: str | None = Field(default=None, alias="def")
+    bind: str | None = None
+    new_names = ("bind",)
 
 
 def inline_reads(consumer: Def, producer: Def, taken: set[str]) -> Def:
@@ -40,6 +56,17 @@ def inline_reads(consumer: Def, producer: Def, taken: set[str]) -> Def:
         return body
 
     return replace(consumer, body=replace_reads(consumer.body, producer.name, expand))
+
+
+def bind_reads(consumer: Def, producer: Def, name: str, taken: set[str]) -> Def:
+    """consumer with the producer's value at the consumer's point bound once as `name`."""
+    body = freshen_binders(producer.body, taken)
+    for lp, clp in zip(producer.loops, consumer.loops):
+        body = subst_index(body, lp.var, Aff.of("__bind_" + lp.var))
+    for lp, clp in zip(producer.loops, consumer.loops):
+        body = subst_index(body, "__bind_" + lp.var, Aff.of(clp.var))
+    rest = replace_reads(consumer.body, producer.name, lambda r: Read(name, ()))
+    return replace(consumer, body=Let(Binding(name, (), body, "register"), rest))
 
 
 class Fuse(Rule):
@@ -73,15 +100,37 @@ class Fuse(Rule):
             1 for d in prog.defs if d.name in targets
             for e in _reads_of(d.body, prod.name)
         )
-        return {"producer": prod.name, "into": targets, "reads_inlined": reads,
-                "removes_producer": set(targets) == set(consumers)}
+        facts = {"producer": prod.name, "into": targets, "reads_inlined": reads,
+                 "removes_producer": set(targets) == set(consumers)}
+        if p.bind is not None:
+            facts["bind"] = self._check_bind(prog, prod, targets, p.bind)
+        return facts
+
+    def _check_bind(self, prog: Program, prod: Def, targets: list[str], name: str) -> str:
+        if len(targets) != 1:
+            raise self.fail(f"bind: {prod.name} is read by {', '.join(targets)}; bind into one consumer (def:)")
+        if name in names_in_program(prog):
+            raise self.unknown(f"parameter bind: name {name} is already used in the program")
+        cons = prog.def_named(targets[0])
+        if [lp.ext for lp in cons.loops] != [lp.ext for lp in prod.loops]:
+            raise self.fail(f"bind: {cons.name}'s loops ({', '.join(f'{lp.var} < {lp.ext}' for lp in cons.loops)}) "
+                            f"do not have {prod.name}'s extents ({', '.join(str(lp.ext) for lp in prod.loops)})")
+        point = tuple(Aff.of(lp.var) for lp in cons.loops)
+        for r in _reads_of(cons.body, prod.name):
+            if r.idx != point:
+                raise self.fail(f"bind: {cons.name} reads {prod.name}[{', '.join(map(str, r.idx))}], not "
+                                f"{prod.name}[{', '.join(map(str, point))}] at its own point")
+        return name
 
     def rewrite(self, prog: Program, p: FuseParams, facts: Facts) -> Program:
         prod = prog.def_named(p.producer)
         others = replace(prog, defs=tuple(x for x in prog.defs if x.name != prod.name))
         taken = set(names_in_program(others))
         for name in facts["into"]:
-            prog = prog.with_def(inline_reads(prog.def_named(name), prod, taken))
+            if "bind" in facts:
+                prog = prog.with_def(bind_reads(prog.def_named(name), prod, facts["bind"], taken))
+            else:
+                prog = prog.with_def(inline_reads(prog.def_named(name), prod, taken))
         if not any(prod.name in tensors_read(d.body) for d in prog.defs):
             prog = drop_def(prog, prod.name)
         return prog
