@@ -6,15 +6,18 @@ refused by name and the next mapping — SIMT — prints the kernel):
 
 - the grid enumerates rows (any grid variables); ONE lane dimension, the column c < C of the
   row, mapped to `thread(NT)` by PARALLEL: thread t owns the vectors (k·NT + t)·V … + V−1 of
-  the row (V elements per 16-byte access at most, V divides C; a last partial sweep is
-  guarded);
+  the row (V elements per 16-byte access at most, V divides C; a last partial sweep and the
+  threads past NT in a block of whole warps are guarded);
 - `stage` of a whole row `T[lead, r0]`, r0 < C, at the register level (the CACHE of the row):
   each thread loads its own vectors once and keeps them as floats;
 - `compute` of a scalar whose value is built from constants, sizes, earlier scalars, per-row
   reads and row reductions `sum|max(k < C: body)` with an element-wise body in k: each thread
   reduces its own columns, then the block combines the partial values (the sum / max over the
   whole row, in another association: exact in the algebra, a float reordering);
-- a `for` over column tiles carrying state (ONLINE-AGG's running max and sum) is refused;
+- a `for` over column tiles (ONLINE-AGG's streaming fold) with a fixed number of tiles, each
+  tile a whole number of sweeps (T = K·NT·V columns), carrying per-row state: every thread
+  holds its K vectors of the tile, a tile reduction is a block reduction over the tile, the
+  states are updated at once after each tile (the loop is unrolled: the row stays in registers);
 - the store `Out[lead, c]` without a guard, with an element-wise value in c.
 
 Element-wise values read the cached rows at their own column, other tensors at [lead…, column]
@@ -27,7 +30,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from compiler.ir import Aff, Bin, Const, Expr, IndexValue, Read, Reduce, Select, Un
+from compiler.ir import Aff, Bin, Const, Expr, IndexValue, Read, Reduce, Select, Un, walk
 from compiler.machine import DTYPES
 
 from ..cexpr import aff_c, conds_c, index_value_c, size_names, unary_c
@@ -48,13 +51,27 @@ def _refuse(what: str) -> UnsupportedMapping:
 class RowPlan:
     """The instruction choices: threads per row, vector width, vectors per thread."""
 
-    threads: int
+    threads: int  # threads that own columns (the PARALLEL count)
+    block: int  # threads per block (a whole number of warps)
     row: int  # C, the row length (elements)
     vec: int  # elements per vector access
     sweeps: int  # vectors per thread
     tail: bool  # the last sweep is partly past the row end (guarded)
     rows_cached: tuple[str, ...]
     reductions: tuple[str, ...]
+
+
+def _pieces(esize: int, vec: int) -> list[tuple[int, int, int]]:
+    """(bytes, first element, 32-bit words) of each access of a vector of `vec` elements."""
+    nbytes = esize * vec
+    if nbytes < 4:
+        return [(nbytes, e, 0) for e in range(vec)]
+    piece = min(16, nbytes)
+    return [(piece, p * piece // esize, piece // 4) for p in range(nbytes // piece)]
+
+
+def _words(q: str, n: int) -> list[str]:
+    return [q] if n == 1 else [f"{q}.{c}" for c in "xyzw"[:n]]
 
 
 def _fixed(a: Aff, k: Kernel) -> int | None:
@@ -73,9 +90,10 @@ class _Printer:
         if m is None or m.level != "thread" or not m.count:
             raise _refuse(f"the kernel is not one row per block: column loop {lane.var} is not mapped to threads "
                           "(PARALLEL to: thread with a count)")
-        if m.count % 32 or m.count > 1024:
-            raise _refuse(f"{m.count} threads per row is not a whole number of warps (at most 1024)")
+        if m.count > 1024:
+            raise _refuse(f"{m.count} threads per row is more than a block (1024)")
         self.col, self.row, self.threads = lane.var, lane.extent, m.count
+        self.block = -(-m.count // 32) * 32  # threads past the count own no column
         self.grid_vars = {g.var for g in k.grid}
         self.names = size_names(k.sizes)
         for g in k.grid:
@@ -83,9 +101,12 @@ class _Printer:
         width = min(DTYPES[t.dtype].bytes for t in k.tensors)
         self.vec = next(v for v in (16 // width, 8, 4, 2, 1) if v <= 16 // width and self.row % v == 0)
         self.sweeps = -(-self.row // (self.threads * self.vec))
-        self.tail = self.row % (self.threads * self.vec) != 0
+        self.tail = self.row % (self.threads * self.vec) != 0 or self.block != self.threads
         self.cached: dict[str, str] = {}  # row buffer -> source tensor
         self.scalars: set[str] = set()
+        self.states: set[str] = set()
+        self.tilebufs: dict[str, int] = {}  # tile buffer -> tile length
+        self.tile: tuple[str, int, int] | None = None  # (tile loop var, tile length T, sweeps per tile)
         self.reductions: list[str] = []
         self.tmp = 0
         self.lines: list[str] = []
@@ -122,32 +143,78 @@ class _Printer:
             raise _refuse(f"tensor {name}'s last dimension {self.k.tensor(name).dims[-1]} is not the row length {self.row}")
 
     def load_vec(self, name: str, off: str, dst: str) -> list[str]:
+        """V elements of tensor `name` at element offset `off` into floats dst[0..V) (vector loads of
+        at most 16 bytes, elements taken from the loaded words by shifts: no type punning)."""
         dt = DTYPES[self.k.tensor(name).dtype]
-        nbytes = dt.bytes * self.vec
-        piece = min(16, nbytes)
-        n = nbytes // piece
-        u = self.fresh("u_")
-        return [f"union {{ {_RAW[piece]} v[{n}]; {dt.ctype} e[{self.vec}]; }} {u};",
-                f"#pragma unroll", f"for (int p_ = 0; p_ < {n}; ++p_) "
-                f"{u}.v[p_] = reinterpret_cast<const {_RAW[piece]}*>(p_{name} + {off})[p_];",
-                f"float {dst}[{self.vec}];",
-                f"#pragma unroll", f"for (int j = 0; j < {self.vec}; ++j) {dst}[j] = {dt.name}_to_f32({u}.e[j]);"]
+        out = [f"float {dst}[{self.vec}];"]
+        for piece, first, words in _pieces(dt.bytes, self.vec):
+            q = self.fresh("q_")
+            if words == 0:  # one 2-byte element
+                out.append(f"{dst}[{first}] = {dt.name}_to_f32(p_{name}[{off} + {first}]);")
+                continue
+            out.append(f"const {_RAW[piece]} {q} = *reinterpret_cast<const {_RAW[piece]}*>(p_{name} + {off} + {first});")
+            w = _words(q, words)
+            for e in range(piece // dt.bytes):
+                if dt.bytes == 4:
+                    out.append(f"{dst}[{first + e}] = __uint_as_float({w[e]});")
+                else:
+                    word = w[e // 2]
+                    half = f"(unsigned short)({word} & 0xffffu)" if e % 2 == 0 else f"(unsigned short)({word} >> 16)"
+                    out.append(f"{dst}[{first + e}] = {dt.name}_to_f32({half});")
+        return out
 
-    def sweep(self, body: list[str]) -> list[str]:
-        """Run body for each of this thread's vectors (k, col0); j indexes the vector."""
-        head = ["#pragma unroll", f"for (int k = 0; k < {self.sweeps}; ++k) {{",
-                f"    const long long col0 = ((long long)k * {self.threads} + threadIdx.x) * {self.vec};"]
+    def store_vec(self, name: str, off: str, values: list[str]) -> list[str]:
+        """values (C floats, one per element) to tensor `name` at element offset `off`."""
+        dt = DTYPES[self.k.tensor(name).dtype]
+        out = []
+        conv = [self.fresh("o_") for _ in values]
+        for c, v in zip(conv, values):
+            out.append(f"const {dt.ctype} {c} = f32_to_{dt.name}({v});")
+        for piece, first, words in _pieces(dt.bytes, self.vec):
+            if words == 0:
+                out.append(f"p_{name}[{off} + {first}] = {conv[first]};")
+                continue
+            ws = []
+            for wi in range(words):
+                if dt.bytes == 4:
+                    ws.append(f"__float_as_uint({conv[first + wi]})")
+                else:
+                    lo, hi = conv[first + 2 * wi], conv[first + 2 * wi + 1]
+                    ws.append(f"((unsigned){lo} | ((unsigned){hi} << 16))")
+            val = {1: ws[0], 2: f"make_uint2({', '.join(ws)})", 4: f"make_uint4({', '.join(ws)})"}[words]
+            out.append(f"*reinterpret_cast<{_RAW[piece]}*>(p_{name} + {off} + {first}) = {val};")
+        return out
+
+    def sweep(self, body: list[str], tile: bool = False) -> list[str]:
+        """Run body for each of this thread's vectors (k, col0) of the row, or of the current tile
+        (kk the vector within the tile); j indexes the vector."""
+        if tile:
+            assert self.tile is not None
+            _, _, kt = self.tile
+            head = ["#pragma unroll", f"for (int kk = 0; kk < {kt}; ++kk) {{",
+                    f"    const int k = co_ * {kt} + kk;"]
+        else:
+            head = ["#pragma unroll", f"for (int k = 0; k < {self.sweeps}; ++k) {{"]
+        head.append(f"    const long long col0 = ((long long)k * {self.threads} + threadIdx.x) * {self.vec};")
         if self.tail:
-            return head + [f"    if (col0 < {self.row}LL) {{"] + ["        " + x for x in body] + ["    }", "}"]
+            live = f"col0 < {self.row}LL" + (f" && threadIdx.x < {self.threads}" if self.block != self.threads else "")
+            return head + [f"    if ({live}) {{"] + ["        " + x for x in body] + ["    }", "}"]
         return head + ["    " + x for x in body] + ["}"]
 
     # ------------------------------------------------------------------ element-wise values
-    def elementwise(self, e: Expr, var: str) -> tuple[list[str], str]:
-        """(loads for one vector, the value at element j of it) of an element-wise value in var."""
+    def elementwise(self, e: Expr, var: str, tile: bool = False) -> tuple[list[str], str]:
+        """(loads for one vector, the value at element j of it) of an element-wise value in var:
+        var is the column of the row, or (tile) the column within the current tile."""
         loads: list[str] = []
         seen: dict[Read, str] = {}
         names = dict(self.names)
+        column = Aff.of(var)
         names[var] = "(col0 + j)"
+        if tile:
+            assert self.tile is not None
+            co, t, _ = self.tile
+            column = Aff.of(var) + Aff.of(co).scale(t)
+            names[var] = f"(col0 + j - (long long){t} * co_)"
 
         def go(x: Expr) -> str:
             if isinstance(x, Const):
@@ -156,11 +223,18 @@ class _Printer:
                 return f"{float(x.value)!r}f"
             if isinstance(x, Read):
                 if x.tensor in self.cached:
-                    if x.idx != (Aff.of(var),):
-                        raise _refuse(f"the cached row {x.tensor} is read at {x.idx[0]}, not at its own column {var}")
+                    if x.idx != (column,):
+                        raise _refuse(f"the cached row {x.tensor} is read at {x.idx[0]}, not at the column {column}")
                     return f"xb_{x.tensor}[k][j]"
+                if x.tensor in self.tilebufs:
+                    if not tile or x.idx != (Aff.of(var),):
+                        raise _refuse(f"the tile buffer {x.tensor} is read at {', '.join(map(str, x.idx))}, "
+                                      f"not at the tile column {var}")
+                    return f"tb_{x.tensor}[kk][j]"
                 if x.tensor in self.scalars and not x.idx:
                     return f"sc_{x.tensor}"
+                if x.tensor in self.states and not x.idx:
+                    return f"st_{x.tensor}"
                 return self.tensor_read(x, var, loads, seen)
             if isinstance(x, IndexValue):
                 return index_value_c(x.aff, names)
@@ -224,7 +298,9 @@ class _Printer:
         if isinstance(e, Read):
             if e.tensor in self.scalars and not e.idx:
                 return f"sc_{e.tensor}"
-            if e.tensor in self.cached:
+            if e.tensor in self.states and not e.idx:
+                return f"st_{e.tensor}"
+            if e.tensor in self.cached or e.tensor in self.tilebufs:
                 raise _refuse(f"the cached row {e.tensor} is read outside a row reduction or the store")
             if any(self.col in a.names() for a in e.idx):
                 raise _refuse(f"a per-row value reads {e.tensor} at the column {self.col}")
@@ -251,15 +327,19 @@ class _Printer:
         if e.mma is not None:
             raise _refuse(f"the row reduction over {e.var} is mapped to {e.mma.instr}")
         n = e.ext.single()[0] if len(e.ext.parts) == 1 and e.ext.parts[0][1] == 1 else None
-        if n is None or _fixed(n, self.k) != self.row:
-            raise _refuse(f"the reduction over {e.var} < {e.ext} does not span the row of {self.row} columns")
-        loads, value = self.elementwise(e.body, e.var)
+        n = _fixed(n, self.k) if n is not None else None
+        tile = self.tile is not None and n == self.tile[1] and any(
+            isinstance(x, Read) and x.tensor in self.tilebufs for x in walk(e.body))
+        if n != self.row and not tile:
+            raise _refuse(f"the reduction over {e.var} < {e.ext} spans neither the row of {self.row} columns "
+                          "nor a tile buffer of the current tile")
+        loads, value = self.elementwise(e.body, e.var, tile)
         acc = self.fresh("red_")
         init, step = ("0.0f", f"{acc} += v_;") if e.op == "sum" else ("neg_inf()", f"{acc} = fmaxf({acc}, v_);")
         self.lines.append(f"float {acc} = {init};")
         self.lines += self.sweep(loads + ["#pragma unroll", f"for (int j = 0; j < {self.vec}; ++j) {{",
-                                          f"    const float v_ = {value}; {step}", "}"])
-        self.lines.append(f"{acc} = block_{e.op}<{self.threads // 32}>({acc}, red_smem_);")
+                                          f"    const float v_ = {value}; {step}", "}"], tile)
+        self.lines.append(f"{acc} = block_{e.op}<{self.block // 32}>({acc}, red_smem_);")
         self.reductions.append(f"{e.op} over {e.var}")
         return acc
 
@@ -283,18 +363,66 @@ class _Printer:
         body = self.load_vec(v.tensor, self.offset(v.tensor, lead, "col0"), dst)
         body += ["#pragma unroll", f"for (int j = 0; j < {self.vec}; ++j) xb_{b.name}[k][j] = {dst}[j];"]
         if self.tail:
-            self.lines += ["#pragma unroll", f"for (int k = 0; k < {self.sweeps}; ++k)",
-                           f"    for (int j = 0; j < {self.vec}; ++j) xb_{b.name}[k][j] = 0.0f;"]
+            self.lines += ["#pragma unroll", f"for (int k = 0; k < {self.sweeps}; ++k) {{", "    #pragma unroll",
+                           f"    for (int j = 0; j < {self.vec}; ++j) xb_{b.name}[k][j] = 0.0f;", "}"]
         self.lines += self.sweep(body)
         self.cached[b.name] = b.source
 
     def compute(self, s: Compute) -> None:
         b = s.buf
         if b.dims:
-            raise _refuse(f"computed buffer {b.name} has dimensions {[v for v, _ in b.dims]} (only per-row scalars)")
+            if self.tile is None or len(b.dims) != 1 or b.dims[0][1] != self.tile[1] or b.level != "register":
+                raise _refuse(f"computed buffer {b.name}[{', '.join(f'{v} < {n}' for v, n in b.dims)}] @{b.level} is "
+                              "neither a per-row scalar nor a register tile of the current tile loop")
+            loads, value = self.elementwise(s.value, b.dims[0][0], tile=True)
+            kt = self.tile[2]
+            self.lines.append(f"float tb_{b.name}[{kt}][{self.vec}];")
+            self.lines += self.sweep(loads + ["#pragma unroll",
+                                              f"for (int j = 0; j < {self.vec}; ++j) tb_{b.name}[kk][j] = {value};"], True)
+            self.tilebufs[b.name] = b.dims[0][1]
+            return
         value = self.scalar(s.value)
         self.lines.append(f"const float sc_{b.name} = {value};")
         self.scalars.add(b.name)
+
+    def tile_loop(self, s: TileLoop) -> None:
+        if self.tile is not None:
+            raise _refuse(f"tile loop over {s.var} inside another tile loop")
+        n = _fixed(s.ext.single()[0], self.k) if len(s.ext.parts) == 1 else None
+        tiles = -(-n // s.ext.parts[0][1]) if n is not None else None
+        if tiles is None:
+            raise _refuse(f"tile loop over {s.var} < {s.ext} has no fixed number of tiles")
+        lens = {b.buf.dims[0][1] for b in s.body if isinstance(b, Compute) and len(b.buf.dims) == 1}
+        if len(lens) != 1:
+            raise _refuse(f"tile loop over {s.var}: its tile buffers do not have one tile length ({sorted(lens)})")
+        t = lens.pop()
+        per = self.threads * self.vec
+        if t % per or tiles * (t // per) != self.sweeps:
+            raise _refuse(f"tile loop over {s.var}: {tiles} tiles of {t} columns are not whole sweeps of "
+                          f"{self.threads} x {self.vec} covering the row ({self.sweeps} sweeps)")
+        for st in s.state:
+            if st.acc is not None and st.acc.dtype != "f32":
+                raise _refuse(f"state {st.name} accumulates in {st.acc.dtype}")
+            self.lines.append(f"float st_{st.name} = {self.scalar(st.init)};")
+        self.names[s.var] = "(long long)co_"
+        self.lines += ["#pragma unroll", f"for (int co_ = 0; co_ < {tiles}; ++co_) {{"]
+        outer, self.lines = self.lines, []
+        self.states |= {st.name for st in s.state}
+        self.tile = (s.var, t, t // per)
+        for x in s.body:
+            if isinstance(x, Compute):
+                self.compute(x)
+            else:
+                raise _refuse(f"{type(x).__name__} inside the tile loop over {s.var}")
+        updates = [(st.name, self.scalar(st.update)) for st in s.state]
+        self.lines += [f"const float n_{name} = {v};" for name, v in updates]
+        self.lines += [f"st_{name} = n_{name};" for name, _ in updates]
+        self.lines = outer + ["    " + x for x in self.lines] + ["}"]
+        self.tile = None
+        for x in s.body:
+            self.tilebufs.pop(x.buf.name, None)
+            self.scalars.discard(x.buf.name)
+        del self.names[s.var]
 
     def store(self) -> None:
         st, out = self.k.store, self.k.output
@@ -305,14 +433,8 @@ class _Printer:
         lead = self.row_lead(Read(st.tensor, st.index), "the store")
         self.row_dim_ok(out.name)
         loads, value = self.elementwise(st.value, self.col)
-        dt = DTYPES[out.dtype]
-        nbytes = dt.bytes * self.vec
-        piece = min(16, nbytes)
-        n = nbytes // piece
-        body = loads + [f"union {{ {_RAW[piece]} v[{n}]; {dt.ctype} e[{self.vec}]; }} o_;",
-                        "#pragma unroll", f"for (int j = 0; j < {self.vec}; ++j) o_.e[j] = f32_to_{dt.name}({value});",
-                        "#pragma unroll", f"for (int p_ = 0; p_ < {n}; ++p_) "
-                        f"reinterpret_cast<{_RAW[piece]}*>(p_{out.name} + {self.offset(out.name, lead, 'col0')})[p_] = o_.v[p_];"]
+        body = loads + [f"float ov_[{self.vec}];", "#pragma unroll", f"for (int j = 0; j < {self.vec}; ++j) ov_[j] = {value};"]
+        body += self.store_vec(out.name, self.offset(out.name, lead, "col0"), [f"ov_[{j}]" for j in range(self.vec)])
         self.lines += self.sweep(body)
 
 
@@ -332,8 +454,7 @@ def _render(k: Kernel, options: tuple[str, ...]) -> tuple[KernelSource, Launch, 
         elif isinstance(s, Compute):
             p.compute(s)
         elif isinstance(s, TileLoop):
-            raise _refuse(f"tile loop over {s.var} carrying {[st.name for st in s.state]} (a streaming fold) "
-                          "is not implemented by this mapping")
+            p.tile_loop(s)
         else:
             raise _refuse(f"statement {type(s).__name__}")
     p.store()
@@ -342,12 +463,12 @@ def _render(k: Kernel, options: tuple[str, ...]) -> tuple[KernelSource, Launch, 
     params.append(f"{DTYPES[out.dtype].ctype}* __restrict__ p_{out.name}")
     params += [f"int sz_{n}" for n in k.dynamic()]
     grid = [f"const long long v_{g.var} = blockIdx.{g.axis};" for g in k.grid]
-    plan = RowPlan(p.threads, p.row, p.vec, p.sweeps, p.tail, tuple(p.cached), tuple(p.reductions))
-    ctx = dict(kname=k.name, threads=p.threads, warps=p.threads // 32, params=", ".join(params), grid=grid,
+    plan = RowPlan(p.threads, p.block, p.row, p.vec, p.sweeps, p.tail, tuple(p.cached), tuple(p.reductions))
+    ctx = dict(kname=k.name, threads=p.block, params=", ".join(params), grid=grid,
                body=p.lines, summary=f"rowwise: {p.threads} threads per row, {p.sweeps} x {p.vec} elements per thread")
     src = render_template("rowwise.cu.j2", ctx)
-    ks = KernelSource(src, k.name, tuple(t.name for t in k.tensors) + k.dynamic(), p.threads, 0, options)
-    launch = Launch(tuple((g.axis, g.ext) for g in k.grid), p.threads, 0, tuple(t.name for t in k.tensors), k.dynamic())
+    ks = KernelSource(src, k.name, tuple(t.name for t in k.tensors) + k.dynamic(), p.block, 0, options)
+    launch = Launch(tuple((g.axis, g.ext) for g in k.grid), p.block, 0, tuple(t.name for t in k.tensors), k.dynamic())
     return ks, launch, plan
 
 
