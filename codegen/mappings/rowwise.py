@@ -40,6 +40,9 @@ from ..source import KernelSource, Launch
 from ..templates_env import render_template
 
 NAME = "rowwise"
+# 16-byte loads of staged rows and stores of the output with the evict-first (.cs) cache hint:
+# each element is touched once, so it need not stay in L1 / L2 (an instruction choice)
+STREAM_HINTS = True
 _RAW = {16: "uint4", 8: "uint2", 4: "unsigned", 2: "unsigned short"}
 
 
@@ -142,7 +145,7 @@ class _Printer:
         if n != self.row:
             raise _refuse(f"tensor {name}'s last dimension {self.k.tensor(name).dims[-1]} is not the row length {self.row}")
 
-    def load_vec(self, name: str, off: str, dst: str) -> list[str]:
+    def load_vec(self, name: str, off: str, dst: str, stream: bool = False) -> list[str]:
         """V elements of tensor `name` at element offset `off` into floats dst[0..V) (vector loads of
         at most 16 bytes, elements taken from the loaded words by shifts: no type punning)."""
         dt = DTYPES[self.k.tensor(name).dtype]
@@ -152,7 +155,11 @@ class _Printer:
             if words == 0:  # one 2-byte element
                 out.append(f"{dst}[{first}] = {dt.name}_to_f32(p_{name}[{off} + {first}]);")
                 continue
-            out.append(f"const {_RAW[piece]} {q} = *reinterpret_cast<const {_RAW[piece]}*>(p_{name} + {off} + {first});")
+            ptr = f"p_{name} + {off} + {first}"
+            if stream and piece == 16:
+                out.append(f"const uint4 {q} = ld_stream_u4({ptr});")
+            else:
+                out.append(f"const {_RAW[piece]} {q} = *reinterpret_cast<const {_RAW[piece]}*>({ptr});")
             w = _words(q, words)
             for e in range(piece // dt.bytes):
                 if dt.bytes == 4:
@@ -182,7 +189,10 @@ class _Printer:
                     lo, hi = conv[first + 2 * wi], conv[first + 2 * wi + 1]
                     ws.append(f"((unsigned){lo} | ((unsigned){hi} << 16))")
             val = {1: ws[0], 2: f"make_uint2({', '.join(ws)})", 4: f"make_uint4({', '.join(ws)})"}[words]
-            out.append(f"*reinterpret_cast<{_RAW[piece]}*>(p_{name} + {off} + {first}) = {val};")
+            if STREAM_HINTS and piece == 16:
+                out.append(f"st_stream_u4(p_{name} + {off} + {first}, {val});")
+            else:
+                out.append(f"*reinterpret_cast<{_RAW[piece]}*>(p_{name} + {off} + {first}) = {val};")
         return out
 
     def sweep(self, body: list[str], tile: bool = False) -> list[str]:
@@ -360,7 +370,7 @@ class _Printer:
         self.row_dim_ok(v.tensor)
         dst = self.fresh("ld_")
         self.lines.append(f"float xb_{b.name}[{self.sweeps}][{self.vec}];")
-        body = self.load_vec(v.tensor, self.offset(v.tensor, lead, "col0"), dst)
+        body = self.load_vec(v.tensor, self.offset(v.tensor, lead, "col0"), dst, stream=STREAM_HINTS)
         body += ["#pragma unroll", f"for (int j = 0; j < {self.vec}; ++j) xb_{b.name}[k][j] = {dst}[j];"]
         if self.tail:
             self.lines += ["#pragma unroll", f"for (int k = 0; k < {self.sweeps}; ++k) {{", "    #pragma unroll",
