@@ -62,6 +62,7 @@ class RowPlan:
     tail: bool  # the last sweep is partly past the row end (guarded)
     rows_cached: tuple[str, ...]
     reductions: tuple[str, ...]
+    mma: None = None  # no tensor-core instruction
 
 
 def _pieces(esize: int, vec: int) -> list[tuple[int, int, int]]:
