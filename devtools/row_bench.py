@@ -61,7 +61,7 @@ for fam, fn in (("softmax", lambda: compiled["softmax"](x)), ("rmsnorm", lambda:
                 ("layernorm", lambda: compiled["layernorm"](x, w, b))):
     ms = bench(fn)
     row(case=f"{fam} torch.compile", ms=round(ms, 4), TBps=round(nbytes / ms / 1e9, 3))
-CONFIGS = [  # (example, threads (None: the example's), streaming tile (None: the example's), .cs hints)
+CONFIGS = [  # (example, threads (None: the example's), streaming tile (None: the example's), .cs hints forced)
     ("softmax_two_pass", None, None, True), ("softmax_two_pass", None, None, False), ("softmax_two_pass", 256, None, True),
     ("softmax_online", None, None, True), ("softmax_online", None, None, False), ("softmax_online", 128, 4096, True),
     ("softmax_online", 256, 4096, True), ("softmax_online", 128, 8192, True), ("softmax_online", 512, 8192, True),
@@ -69,7 +69,7 @@ CONFIGS = [  # (example, threads (None: the example's), streaming tile (None: th
     ("layernorm", None, None, True), ("layernorm", None, None, False), ("layernorm", 128, None, True),
 ]
 if len(sys.argv) > 1 and sys.argv[1] == "--quick":
-    CONFIGS = [c for c in CONFIGS if c[1] is None and c[2] is None and c[3]]
+    CONFIGS = [(c[0], None, None, None) for c in CONFIGS if c[1] is None and c[2] is None and c[3]]
 from codegen.mappings import rowwise  # noqa: E402
 
 with tempfile.TemporaryDirectory() as tmp:
@@ -81,8 +81,9 @@ with tempfile.TemporaryDirectory() as tmp:
                 st["count"] = threads
             if st.get("rule") == "tile" and tile is not None:
                 st["size"] = tile
-        spec["name"] = f"{name}_t{threads or 'ex'}_tile{tile or 'ex'}_{'cs' if stream else 'plain'}"
-        rowwise.STREAM_HINTS = stream  # an instruction choice of the printer, compared in one run
+        hint = {True: "cs", False: "plain", None: "policy"}[stream]
+        spec["name"] = f"{name}_t{threads or 'ex'}_tile{tile or 'ex'}_{hint}"
+        rowwise.STREAM_HINTS = stream  # an instruction choice of the printer, compared in one run (None: its policy)
         p = Path(tmp) / f"{spec['name']}.yaml"
         p.write_text(yaml.safe_dump(spec, sort_keys=False))
         try:

@@ -40,9 +40,11 @@ from ..source import KernelSource, Launch
 from ..templates_env import render_template
 
 NAME = "rowwise"
-# 16-byte loads of staged rows and stores of the output with the evict-first (.cs) cache hint:
-# each element is touched once, so it need not stay in L1 / L2 (an instruction choice)
-STREAM_HINTS = True
+# 16-byte loads of staged rows and stores of the output with the evict-first (.cs) cache hint, an
+# instruction choice made for kernels with a streaming fold (a tile loop) only: measured on the
+# H200 (perf/2026-11-30f/row/run2) it speeds the fold up (2.34 -> 2.72 TB/s) and slows the
+# two-pass kernels down by about 8 % (3.83 -> 3.53 TB/s).  None forces it on or off.
+STREAM_HINTS: bool | None = None
 _RAW = {16: "uint4", 8: "uint2", 4: "unsigned", 2: "unsigned short"}
 
 
@@ -62,6 +64,7 @@ class RowPlan:
     tail: bool  # the last sweep is partly past the row end (guarded)
     rows_cached: tuple[str, ...]
     reductions: tuple[str, ...]
+    stream_hints: bool  # .cs loads of the staged rows and stores of the output
     mma: None = None  # no tensor-core instruction
 
 
@@ -114,6 +117,7 @@ class _Printer:
         self.reductions: list[str] = []
         self.tmp = 0
         self.lines: list[str] = []
+        self.stream = any(isinstance(s, TileLoop) for s in k.body) if STREAM_HINTS is None else STREAM_HINTS
 
     # ------------------------------------------------------------------ helpers
     def fresh(self, base: str) -> str:
@@ -190,7 +194,7 @@ class _Printer:
                     lo, hi = conv[first + 2 * wi], conv[first + 2 * wi + 1]
                     ws.append(f"((unsigned){lo} | ((unsigned){hi} << 16))")
             val = {1: ws[0], 2: f"make_uint2({', '.join(ws)})", 4: f"make_uint4({', '.join(ws)})"}[words]
-            if STREAM_HINTS and piece == 16:
+            if self.stream and piece == 16:
                 out.append(f"st_stream_u4(p_{name} + {off} + {first}, {val});")
             else:
                 out.append(f"*reinterpret_cast<{_RAW[piece]}*>(p_{name} + {off} + {first}) = {val};")
@@ -371,7 +375,7 @@ class _Printer:
         self.row_dim_ok(v.tensor)
         dst = self.fresh("ld_")
         self.lines.append(f"float xb_{b.name}[{self.sweeps}][{self.vec}];")
-        body = self.load_vec(v.tensor, self.offset(v.tensor, lead, "col0"), dst, stream=STREAM_HINTS)
+        body = self.load_vec(v.tensor, self.offset(v.tensor, lead, "col0"), dst, stream=self.stream)
         body += ["#pragma unroll", f"for (int j = 0; j < {self.vec}; ++j) xb_{b.name}[k][j] = {dst}[j];"]
         if self.tail:
             self.lines += ["#pragma unroll", f"for (int k = 0; k < {self.sweeps}; ++k) {{", "    #pragma unroll",
@@ -474,7 +478,7 @@ def _render(k: Kernel, options: tuple[str, ...]) -> tuple[KernelSource, Launch, 
     params.append(f"{DTYPES[out.dtype].ctype}* __restrict__ p_{out.name}")
     params += [f"int sz_{n}" for n in k.dynamic()]
     grid = [f"const long long v_{g.var} = blockIdx.{g.axis};" for g in k.grid]
-    plan = RowPlan(p.threads, p.block, p.row, p.vec, p.sweeps, p.tail, tuple(p.cached), tuple(p.reductions))
+    plan = RowPlan(p.threads, p.block, p.row, p.vec, p.sweeps, p.tail, tuple(p.cached), tuple(p.reductions), p.stream)
     ctx = dict(kname=k.name, threads=p.block, params=", ".join(params), grid=grid,
                body=p.lines, summary=f"rowwise: {p.threads} threads per row, {p.sweeps} x {p.vec} elements per thread")
     src = render_template("rowwise.cu.j2", ctx)
