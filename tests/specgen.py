@@ -19,8 +19,10 @@ from typing import Any
 
 import yaml
 
-MASKS_CAUSAL = ["j <= i", "j < i"]  # an upper bound on the key index: MASK may skip tiles
-MASKS_OTHER = ["i <= j", "i < j", "j <= i && i < j + 40", "j + 3 <= i", "j < N - 5"]
+# written with every comparison; the parser normalises > >= == to < / <= conditions
+MASKS_CAUSAL = ["j <= i", "j < i", "i >= j", "i > j"]  # an upper bound on the key index: MASK may skip tiles
+MASKS_OTHER = ["i <= j", "i < j", "j <= i && i < j + 40", "j + 3 <= i", "j < N - 5", "j >= i", "i == j",
+               "i - j >= 2 && j > 3"]
 
 
 @dataclass
@@ -195,7 +197,8 @@ def simt_nocache(statement: str, name: str) -> dict:
 def _mask_tag(mask: str | None) -> str:
     if mask is None:
         return "full"
-    return mask.replace(" ", "").replace("<=", "le").replace("<", "lt").replace("&&", "_and_").replace("+", "p").replace("-", "m")
+    return (mask.replace(" ", "").replace("<=", "le").replace("<", "lt").replace(">=", "ge").replace(">", "gt")
+            .replace("==", "eq").replace("&&", "_and_").replace("+", "p").replace("-", "m"))
 
 
 def cases(n: int, seed: int = 0) -> list[Case]:
