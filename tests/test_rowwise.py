@@ -345,7 +345,7 @@ def _small(name: str) -> Path:
     return ROOT / "examples" / f"{name}.yaml"
 
 
-def _obligations(d, tmp: Path, lib: Path) -> dict[int, bool]:
+def _obligations(d, tmp: Path, lib: Path, every: bool = False) -> dict[int, bool]:
     from compiler import obligations
     from proofs_ci import coqlib
 
@@ -353,7 +353,7 @@ def _obligations(d, tmp: Path, lib: Path) -> dict[int, bool]:
     index = json.loads((tmp / "proofs" / "index.json").read_text())["steps"]
     return {e["step"]: (e["status"] != "not generated"
                         and coqlib.check_obligation(tmp / "proofs" / e["files"]["coq"], lib).returncode == 0)
-            for e in index if e["rule"] in ("fuse_let", "cache_row", "online_agg")}
+            for e in index if every or e["rule"] in ("fuse_let", "cache_row", "online_agg")}
 
 
 def _small_spec(name: str, tmp: Path) -> Path:
@@ -370,11 +370,13 @@ def _small_spec(name: str, tmp: Path) -> Path:
 
 
 @needs_coqc
-@pytest.mark.parametrize("name", ["softmax_online", "layernorm"])
-def test_row_rule_obligations_pass_coqc(tmp_path, coq_lib, name):
+@pytest.mark.parametrize("name", ["softmax_two_pass", "softmax_online"])
+def test_softmax_schedules_pass_coqc_at_a_small_row(tmp_path, coq_lib, name):
+    """Every obligation of the softmax schedules, at C = 64 (at 8192 coqc needs minutes for
+    split_softmax's step: tests/test_obligations.py skips them there)."""
     path = _small_spec(name, tmp_path)
-    ok = _obligations(derive(load_spec_file(path), str(path), seed=1), tmp_path, coq_lib)
-    assert ok and all(ok.values()), ok
+    ok = _obligations(derive(load_spec_file(path), str(path), seed=1), tmp_path, coq_lib, every=True)
+    assert len(ok) >= 5 and all(ok.values()), ok
 
 
 @needs_coqc
@@ -401,3 +403,15 @@ def test_fuse_let_obligation_fails_at_the_wrong_row(monkeypatch, tmp_path, coq_l
     path = _small_spec("rmsnorm", tmp_path)
     d = derive(load_spec_file(path), str(path), check=False, upto=1)
     assert _obligations(d, tmp_path, coq_lib) == {1: False}
+
+
+def test_large_nat_literals_reach_coq_in_small_numerals():
+    """From 5000 on Coq reads a numeral as an opaque Nat.of_num_uint term lia cannot use; the
+    exporter writes 8192 as 2 * 4096 (value kept, every literal small)."""
+    from compiler.obligations_terms import N, render
+
+    for n in (0, 64, 4999, 5000, 8192, 8200, 4096 * 4096 + 7):
+        text = render(N(n), "coq")
+        assert eval(text) == n and all(int(t) < 5000 for t in text.replace("(", " ").replace(")", " ").split()
+                                       if t.isdigit())
+        assert render(N(n), "lean") == str(n)
