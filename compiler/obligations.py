@@ -371,6 +371,10 @@ def ob_split_softmax(rec, before: Program, after: Program) -> Obligation:
 
 def ob_online_agg(rec, before: Program, after: Program) -> Obligation:
     p, f = rec.parsed, rec.raw_facts
+    if f.get("plain"):  # without the V product: one softmax element as an (m, l) fold
+        from .obligations_row import ob_online_softmax
+
+        return ob_online_softmax(rec, before, after, _finish)
     bd, ad = _def_pair(before, after, p.def_)
     l_def = before.def_named(f["denominator"])
     num0 = bd.body.a.body.body

@@ -74,7 +74,7 @@ def render(t: Term, lang: str = "coq") -> str:
     if k == "var":
         return t[1]
     if k == "num":
-        return str(t[1])
+        return _coq_nat(t[1]) if lang == "coq" else str(t[1])
     if k == "true":
         return "True"
     if k == "app":
@@ -112,6 +112,16 @@ def render(t: Term, lang: str = "coq") -> str:
         op = " <-> " if lang == "coq" else " ↔ "
         return f"({render(t[1], lang)}){op}({render(t[2], lang)})"
     raise ValueError(f"bad term {t!r}")
+
+
+def _coq_nat(n: int) -> str:
+    """A nat literal for Coq: from 5000 on Coq reads a numeral as an opaque `Nat.of_num_uint`
+    application that lia cannot see through (an 8192-column row made every bound unprovable and
+    the proof search endless), so large values are written in base 4096 with small literals."""
+    if n < 5000:
+        return str(n)
+    q, r = divmod(n, 4096)
+    return f"({_coq_nat(q)} * 4096{f' + {r}' if r else ''})"
 
 
 def _arg(a: Term, lang: str) -> str:

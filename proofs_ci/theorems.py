@@ -25,7 +25,7 @@ RULE_THEOREMS: dict[str, tuple[str, ...]] = {
     "PARALLEL": ("parallel_writes", "grid_axis_product", "grid_axis_cover"),
     "ASSOC": ("sumTo_factor", "sumTo_add"),
     "SPLIT_SOFTMAX": ("softmax_split", "exp_ne_zero"),
-    "ONLINE_AGG": ("online_agg", "online_invariant", "online_agg_guard"),
+    "ONLINE_AGG": ("online_agg", "online_invariant", "online_agg_guard", "online_softmax"),
     "MASK": ("sumTo_guard_trunc",),
     "MAP_MMA": ("mma_tile",),
 }

@@ -469,6 +469,8 @@ VALID_PARAMS = {
     "online_agg": {"def": "O", "index": "jo"},
     "skip_masked": {"def": "O", "index": "jo"},
     "map_mma": {"def": "C", "index": "k"},
+    "fuse_let": {"producer": "S", "def": "Y"},
+    "cache_row": {"def": "Y", "tensor": "X"},
 }
 
 

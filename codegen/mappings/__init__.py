@@ -31,7 +31,8 @@ def print_kernel(k: Kernel, options: tuple[str, ...]) -> Printed:
     _load()
     instr = instruction(k)
     reasons = []
-    for m in REGISTRY.values():
+    # the catch-all family prints anything, so it is tried last
+    for m in sorted(REGISTRY.values(), key=lambda m: m.family == "any"):
         if m.instr != instr:
             continue
         try:
@@ -54,4 +55,4 @@ def mapping_named(name: str) -> Mapping:
 
 
 def _load() -> None:
-    from . import contraction, online_fold, simt  # noqa: F401  (each registers its mappings)
+    from . import contraction, online_fold, rowwise, simt  # noqa: F401  (each registers its mappings)

@@ -16,7 +16,7 @@ def _load() -> None:
 
     for mod in (
         "tile", "reorder", "split", "fuse", "unfuse", "cache", "parallel", "assoc",
-        "split_softmax", "online_agg", "skip_masked", "map_mma",
+        "split_softmax", "online_agg", "skip_masked", "map_mma", "fuse_let", "cache_row",
     ):
         try:
             import_module(f"{__name__}.{mod}")

@@ -22,6 +22,21 @@ max only keeps exp from overflowing.  Preconditions: O's body is that quotient; 
 definition whose sum has the same tiling, guard and score as O's (up to renaming) and
 subtracts the same M; refused otherwise (a reduction that is not softmax-shaped).
 Theorem: online_agg (lean/Derivc/Rules/OnlineAgg.lean, proofs_ci/coq).
+
+Without the V product (row softmax in one streaming pass): when the definition is one element
+of a softmax, `def Y[r, c] = exp(a - M[r]) / L[r]` with L the same tiled sum of exp(s - M[r]),
+the fold carries only (m, l) and its result is the element itself:
+
+    def Y[r, c] = fold(co < E) state (m = -inf, l = 0):
+                    let S_t[c2 < T] @register = [g(ci := c2)] ? s[co, c2] : -inf
+                    let m_new @register = max(m, max(ci_max < T: S_t[ci_max]))
+                    let P_t[c2 < T] @register = [g(ci := c2)] ? exp(S_t[c2] - m_new) : 0
+                    m := m_new
+                    l := l * rescale(m, m_new) + sum(ci_sum < T: P_t[ci_sum])
+                  result exp(a - m) / l
+
+`index` names L's outer tile index.  Exact for any running m (l = e^{−m}·Σ e^{s}) once the row
+has a live key.  Theorem: online_softmax (same files).
 """
 from __future__ import annotations
 
@@ -30,7 +45,7 @@ from dataclasses import replace
 from pydantic import Field
 
 from ..ir import (
-    Aff, Bin, Binding, Const, Expr, Fold, Program, Read, Reduce, Select, Un, fresh,
+    Aff, Bin, Binding, Const, Expr, Fold, Program, Read, Reduce, Select, Un, free_indices, fresh,
     names_in_program, subst_index, tensors_read,
 )
 from . import register
@@ -66,15 +81,18 @@ class OnlineAgg(Rule):
     name = "online_agg"
     kind = "ONLINE-AGG"
     theorem = "online_agg"
+    also = ("online_softmax",)
     Params = OnlineAggParams
 
     def check(self, prog: Program, p: OnlineAggParams) -> Facts:
         d = self.get_def(prog, p.def_)
-        self.require_index(d, p.index, "index")
         shape = "expected sum(jo: sum(ji: [g] ? exp(s - M[..]) * v : 0)) / L[..]"
         if not (isinstance(d.body, Bin) and d.body.op == "/" and isinstance(d.body.b, Read)):
-            raise self.fail(f"{p.def_} is not softmax-shaped: {shape}")
+            raise self.fail(f"{p.def_} is not softmax-shaped: {shape} (or exp(a - M[..]) / L[..])")
         num, l_read = d.body.a, d.body.b
+        if _exp_minus(num) is not None and prog.has_def(l_read.tensor):
+            return self.check_plain(prog, p, d, num, l_read)
+        self.require_index(d, p.index, "index")
         parts = _tiled_sum(num)
         if parts is None or parts[0] != p.index:
             raise self.fail(f"the numerator of {p.def_} is not a tiled sum over {p.index}: {shape}")
@@ -131,7 +149,53 @@ class OnlineAgg(Rule):
         facts["parts"] = (jo, ext, ji, t_ext, conds, score, value)
         return facts
 
+    def check_plain(self, prog: Program, p: OnlineAggParams, d, num: Expr, l_read: Read) -> Facts:
+        """One element of a softmax, exp(a - M) / L, with L a tiled sum of exp(s - M)."""
+        at_score, m_read = _exp_minus(num)
+        l_def = prog.def_named(l_read.tensor)
+        if l_def.store != tuple(Aff.of(lp.var) for lp in l_def.loops) or l_def.guard:
+            raise self.fail(f"mismatched tilings: {l_def.name}'s own loops are tiled")
+        l_body = l_def.body
+        for lp in l_def.loops:
+            l_body = subst_index(l_body, lp.var, Aff.of("__row_" + lp.var))
+        for lp, a in zip(l_def.loops, l_read.idx):
+            l_body = subst_index(l_body, "__row_" + lp.var, a)
+        parts = _tiled_sum(l_body)
+        if parts is None:
+            raise self.fail(f"{l_def.name} is not a tiled sum sum(jo: sum(ji: [g] ? exp(s - M) : 0)); tile it first")
+        jo, ext, ji, t_ext, conds, summand = parts
+        if jo != p.index:
+            raise self.fail(f"index {p.index} is not the outer tile index of {l_def.name}'s sum (that is {jo})")
+        lexp = _exp_minus(summand)
+        if lexp is None or lexp[1] != m_read:
+            raise self.fail(f"{l_def.name} is not the sum of exp(s - {m_read.tensor}[..]) with the shift of {p.def_}")
+        score = lexp[0]
+        moving = {jo, ji} & set().union(*(a.names() for a in m_read.idx))
+        if moving:
+            raise self.fail(f"the subtracted {m_read.tensor} depends on the summed {sorted(moving)}")
+        taken = set(names_in_program(prog))
+        for v in (jo, ji):
+            if v in free_indices(at_score):
+                raise self.fail(f"the numerator of {p.def_} uses {v}, bound by {l_def.name}'s sum")
+        facts: Facts = {
+            "plain": True, "tile_index": jo, "tiles": str(ext), "tile": str(t_ext), "inner": ji,
+            "masked": [str(c) for c in conds], "denominator": l_def.name, "shift": m_read.tensor,
+            "removes": [l_def.name] + ([m_read.tensor] if prog.has_def(m_read.tensor) else []),
+            "invariant": "l = exp(-m)·Σ exp(s) (any m); the element is exp(a - m) / l",
+        }
+        for key, base in zip(("m", "l"), p.names[:2]):
+            facts[key] = fresh(base, taken)
+            taken.add(facts[key])
+        for key, base in (("m_new", "m_new"), ("S_t", "S_t"), ("P_t", "P_t"), ("c", "c"),
+                          ("j_max", ji + "_max"), ("j_sum", ji + "_sum")):
+            facts[key] = fresh(base, taken)
+            taken.add(facts[key])
+        facts["parts"] = (jo, ext, ji, t_ext, conds, score, at_score)
+        return facts
+
     def rewrite(self, prog: Program, p: OnlineAggParams, facts: Facts) -> Program:
+        if facts.get("plain"):
+            return _rewrite_plain(prog, p, facts)
         d = prog.def_named(p.def_)
         jo, ext, ji, t_ext, conds, score, value = facts["parts"]
         m, l, acc, m_new, s_t, p_t, c = (facts[k] for k in ("m", "l", "acc", "m_new", "S_t", "P_t", "c"))
@@ -169,6 +233,37 @@ class OnlineAgg(Rule):
             if not any(name in tensors_read(x.body) for x in prog.defs if x.name != name):
                 prog = drop_def(prog, name)
         return prog
+
+
+
+def _rewrite_plain(prog: Program, p: OnlineAggParams, facts: Facts) -> Program:
+    """The (m, l) fold of one softmax element (see the module docstring)."""
+    d = prog.def_named(p.def_)
+    jo, ext, ji, t_ext, conds, score, at_score = facts["parts"]
+    m, l, m_new, s_t, p_t, c = (facts[k] for k in ("m", "l", "m_new", "S_t", "P_t", "c"))
+    ninf, zero = Const(float("-inf")), Const(0.0)
+    at_c = tuple(x.subst(ji, Aff.of(c)) for x in conds)
+
+    def guard(e: Expr, g: tuple, neutral: Expr) -> Expr:
+        return Select(g, e, neutral) if g else e
+
+    jm, js = facts["j_max"], facts["j_sum"]
+    s_bind = Binding(s_t, ((c, t_ext),), guard(subst_index(score, ji, Aff.of(c)), at_c, ninf))
+    m_bind = Binding(m_new, (), Bin("max", Read(m, ()), Reduce("max", jm, t_ext, Read(s_t, (Aff.of(jm),)))))
+    p_bind = Binding(p_t, ((c, t_ext),), guard(Un("exp", Bin("-", Read(s_t, (Aff.of(c),)), Read(m_new, ()))), at_c, zero))
+    fold = Fold(
+        var=jo, ext=ext, state=(m, l), init=(ninf, zero), binds=(s_bind, m_bind, p_bind),
+        update=(Read(m_new, ()),
+                Bin("+", Bin("*", Read(l, ()), Bin("rescale", Read(m, ()), Read(m_new, ()))),
+                    Reduce("sum", js, t_ext, Read(p_t, (Aff.of(js),))))),
+        result=Bin("/", Un("exp", Bin("-", at_score, Read(m, ()))), Read(l, ())),
+    )
+    prog = prog.with_def(replace(d, body=fold))
+    for name in facts["removes"]:
+        if not any(name in tensors_read(x.body) for x in prog.defs if x.name != name):
+            prog = drop_def(prog, name)
+    return prog
+
 
 
 register(OnlineAgg())

@@ -121,6 +121,14 @@ theorem onlineFoldG_foldN (g : Nat → Bool) (s v : Nat → R) (t : Nat)
           v t mnext) (OState.mk m0 KAlg.zero KAlg.zero) T :=
   onlineFoldW_foldN _ v t mnext m0 T
 
+/-- the (m, l) fold of a row softmax (ONLINE-AGG without V) as the IR's generic fold -/
+theorem onlineFold2_foldN (g : Nat → Bool) (s : Nat → R) (t : Nat)
+    (mnext : Nat → Ext R → Ext R) (m0 : Ext R) (T : Nat) :
+    onlineFold2 g s t mnext m0 T = foldN (onlineStep2 g s t mnext) (m0, KAlg.zero) T := by
+  induction T with
+  | zero => rfl
+  | succ T ih => simp only [onlineFold2, foldN, ih]
+
 /-- masked softmax: exp(s j) / sum of exp over the unmasked k; masked positions give 0 -/
 def softmaxAtG (g : Nat → Bool) (n : Nat) (s : Nat → R) (j : Nat) : R :=
   if g j = true then

@@ -100,6 +100,12 @@ Lemma onlineFoldG_foldN : forall (g : nat -> bool) (s v : nat -> R) (t : nat)
           (mkOState m0 zero zero) T.
 Proof. intros. unfold onlineFoldG. apply onlineFoldW_foldN. Qed.
 
+(* the (m, l) fold of a row softmax (ONLINE-AGG without V) as the IR's generic fold *)
+Lemma onlineFold2_foldN : forall (g : nat -> bool) (s : nat -> R) (t : nat)
+    (mnext : nat -> ext R -> ext R) (m0 : ext R) (T : nat),
+  onlineFold2 g s t mnext m0 T = foldN (onlineStep2 g s t mnext) (m0, zero) T.
+Proof. intros. induction T as [|T IH]; [reflexivity|]. cbn [onlineFold2 foldN]. rewrite IH. reflexivity. Qed.
+
 (* masked softmax: exp(s j) / sum of exp over the unmasked k; masked positions give 0 *)
 Definition softmaxAtG (g : nat -> bool) (n : nat) (s : nat -> R) (j : nat) : R :=
   if g j then div (exp (s j)) (sumTo n (fun k => if g k then exp (s k) else zero)) else zero.

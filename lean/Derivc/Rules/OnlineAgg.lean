@@ -262,4 +262,56 @@ theorem online_agg (s v : Nat → R) (t : Nat) (mnext : Nat → Ext R → Ext R)
   (online_agg_guard (fun _ => true) s v t mnext m0 (Ext.fin M) T
     (fun o m ho e => absurd e (hm o m ho)) (fun _ _ e => by cases e)).1
 
+/-- ONLINE-AGG without the V product (row softmax in one streaming pass): the (m, l) half of
+    onlineStepW as a step on pairs -/
+def onlineStep2 (g : Nat → Bool) (s : Nat → R) (t : Nat) (mnext : Nat → Ext R → Ext R)
+    (o : Nat) (st : Ext R × R) : Ext R × R :=
+  (mnext o st.1,
+   KAlg.add (KAlg.mul st.2 (rescale st.1 (mnext o st.1)))
+     (sumTo t (fun i => if g (o * t + i) = true then expd (Ext.fin (s (o * t + i))) (mnext o st.1)
+                        else KAlg.zero)))
+
+def onlineFold2 (g : Nat → Bool) (s : Nat → R) (t : Nat) (mnext : Nat → Ext R → Ext R)
+    (m0 : Ext R) : Nat → Ext R × R
+  | 0 => (m0, KAlg.zero)
+  | T + 1 => onlineStep2 g s t mnext T (onlineFold2 g s t mnext m0 T)
+
+theorem onlineFoldG_pair (g : Nat → Bool) (s v : Nat → R) (t : Nat)
+    (mnext : Nat → Ext R → Ext R) (m0 : Ext R) (T : Nat) :
+    onlineFold2 g s t mnext m0 T
+      = ((onlineFoldG g s v t mnext m0 T).st_m, (onlineFoldG g s v t mnext m0 T).st_l) := by
+  induction T with
+  | zero => rfl
+  | succ T ih => simp only [onlineFold2, ih, onlineFoldG_S]; rfl
+
+/-- one element of the softmax, any numerator score a: exp (a - m) / l of the fold equals
+    exp (a - M) / Σ exp (s - M) for any defined shift M, given one live key -/
+theorem online_softmax (g : Nat → Bool) (s : Nat → R) (t : Nat) (mnext : Nat → Ext R → Ext R)
+    (m0 M : Ext R) (T j0 : Nat) (a : R) (hok : online_max_ok g t mnext T)
+    (hM : ∀ j, j < T * t → M = Ext.ninf → g j = false) (hj0 : j0 < T * t) (hg0 : g j0 = true) :
+    div (expd (Ext.fin a) (onlineFold2 g s t mnext m0 T).1) (onlineFold2 g s t mnext m0 T).2
+      = div (expd (Ext.fin a) M)
+            (sumTo (T * t) (fun j => if g j = true then expd (Ext.fin (s j)) M else KAlg.zero)) := by
+  rw [onlineFoldG_pair g s (fun _ => KAlg.zero) t mnext m0 T]
+  have hinv := online_invariant g s (fun _ => KAlg.zero) t mnext m0 T hok
+  unfold onlineInv at hinv
+  generalize hF : onlineFoldG g s (fun _ => KAlg.zero) t mnext m0 T = F at hinv ⊢
+  cases M with
+  | ninf => exact absurd (hM j0 hj0 rfl) (by rw [hg0]; decide)
+  | fin mu =>
+    have h2 : sumTo (T * t) (fun j => if g j = true then expd (Ext.fin (s j)) (Ext.fin mu) else KAlg.zero)
+        = sumTo (T * t) (fun j => KAlg.mul (eg g s j) (KAlg.exp (KAlg.neg mu))) :=
+      sumTo_ext _ _ _ (fun j _ => weight_fin g s j mu)
+    rw [h2, sumTo_mul_r]
+    cases hm : F.st_m with
+    | fin x =>
+      simp only [hm] at hinv
+      simp only [expd]
+      rw [hinv.1, exp_sub, exp_sub, KAlg.mul_comm (sumTo (T * t) (eg g s)) (KAlg.exp (KAlg.neg mu)),
+        KAlg.mul_comm (KAlg.exp a) (KAlg.exp (KAlg.neg x)), KAlg.mul_comm (KAlg.exp a) (KAlg.exp (KAlg.neg mu)),
+        div_cancel_l _ _ _ (exp_ne_zero _), div_cancel_l _ _ _ (exp_ne_zero _)]
+    | ninf =>
+      simp only [hm] at hinv
+      exact absurd (hinv.2.2 j0 hj0) (by rw [hg0]; decide)
+
 end Derivc

@@ -243,4 +243,57 @@ Proof.
   - rewrite E. reflexivity.
 Qed.
 
+
+(* ONLINE-AGG without the V product (row softmax in one streaming pass): the fold carries only
+   the running max m and the running sum l, and one element of the softmax is
+   exp (a - m) / l.  The pair fold is the (m, l) half of onlineFoldG (acc is never read). *)
+Definition onlineStep2 (g : nat -> bool) (s : nat -> R) (t : nat) (mnext : nat -> ext R -> ext R)
+    (o : nat) (st : ext R * R) : ext R * R :=
+  (mnext o (fst st),
+   add (mul (snd st) (rescale (fst st) (mnext o (fst st))))
+       (sumTo t (fun i => if g (o * t + i) then expd (Fin (s (o * t + i))) (mnext o (fst st)) else zero))).
+
+Fixpoint onlineFold2 (g : nat -> bool) (s : nat -> R) (t : nat) (mnext : nat -> ext R -> ext R)
+    (m0 : ext R) (T : nat) : ext R * R :=
+  match T with
+  | O => (m0, zero)
+  | S T' => onlineStep2 g s t mnext T' (onlineFold2 g s t mnext m0 T')
+  end.
+
+Lemma onlineFoldG_pair : forall (g : nat -> bool) (s v : nat -> R) (t : nat)
+    (mnext : nat -> ext R -> ext R) (m0 : ext R) (T : nat),
+  onlineFold2 g s t mnext m0 T
+  = (st_m (onlineFoldG g s v t mnext m0 T), st_l (onlineFoldG g s v t mnext m0 T)).
+Proof.
+  intros g s v t mnext m0 T. induction T as [|T IH]; [reflexivity|].
+  cbn [onlineFold2]. rewrite IH, onlineFoldG_S. reflexivity.
+Qed.
+
+(* one element of the softmax, any numerator score a: exp (a - m) / l of the fold equals
+   exp (a - M) / Σ exp (s - M) for any defined shift M, given one live key (the element's own
+   column is one: a row with an output has a live key) *)
+Theorem online_softmax : forall (g : nat -> bool) (s : nat -> R) (t : nat)
+    (mnext : nat -> ext R -> ext R) (m0 M : ext R) (T j0 : nat) (a : R),
+  online_max_ok g t mnext T ->
+  (forall j, j < T * t -> M = NInf -> g j = false) ->
+  j0 < T * t -> g j0 = true ->
+  div (expd (Fin a) (fst (onlineFold2 g s t mnext m0 T))) (snd (onlineFold2 g s t mnext m0 T))
+  = div (expd (Fin a) M) (sumTo (T * t) (fun j => if g j then expd (Fin (s j)) M else zero)).
+Proof.
+  intros g s t mnext m0 M T j0 a Hok HM Hj0 Hg0.
+  rewrite (onlineFoldG_pair g s (fun _ => zero) t mnext m0 T). cbn [fst snd].
+  pose proof (online_invariant g s (fun _ => zero) t mnext m0 T Hok) as Hinv. unfold onlineInv in Hinv.
+  destruct M as [mu|]; [| rewrite (HM j0 Hj0 eq_refl) in Hg0; discriminate Hg0].
+  rewrite (sumTo_ext (T * t) (fun j => if g j then expd (Fin (s j)) (Fin mu) else zero)
+             (fun j => mul (eg g s j) (exp (neg mu))))
+    by (intros j Hj; apply weight_fin).
+  rewrite sumTo_mul_r.
+  destruct (st_m (onlineFoldG g s (fun _ => zero) t mnext m0 T)) as [x|].
+  - destruct Hinv as [Hl _]. rewrite Hl, !expd_fin, !exp_sub.
+    rewrite (mul_comm (sumTo (T * t) (eg g s)) (exp (neg mu))).
+    rewrite (mul_comm (exp a) (exp (neg x))), (mul_comm (exp a) (exp (neg mu))).
+    rewrite !div_cancel_l by apply exp_ne_zero. reflexivity.
+  - destruct Hinv as [_ [_ Hm]]. rewrite (Hm j0 Hj0) in Hg0. discriminate Hg0.
+Qed.
+
 End Online.

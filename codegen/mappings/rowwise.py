@@ -1,0 +1,504 @@
+"""Row-wise mapping: one thread block per row, the row in registers, row reductions as block
+reductions (warp shuffles, then one shared-memory exchange between the warps).
+
+The kernel shape it implements (read off the kernel IR, every part compared; anything else is
+refused by name and the next mapping — SIMT — prints the kernel):
+
+- the grid enumerates rows (any grid variables); ONE lane dimension, the column c < C of the
+  row, mapped to `thread(NT)` by PARALLEL: thread t owns the vectors (k·NT + t)·V … + V−1 of
+  the row (V elements per 16-byte access at most, V divides C; a last partial sweep and the
+  threads past NT in a block of whole warps are guarded);
+- `stage` of a whole row `T[lead, r0]`, r0 < C, at the register level (the CACHE of the row):
+  each thread loads its own vectors once and keeps them as floats;
+- `compute` of a scalar whose value is built from constants, sizes, earlier scalars, per-row
+  reads and row reductions `sum|max(k < C: body)` with an element-wise body in k: each thread
+  reduces its own columns, then the block combines the partial values (the sum / max over the
+  whole row, in another association: exact in the algebra, a float reordering);
+- a `for` over column tiles (ONLINE-AGG's streaming fold) with a fixed number of tiles, each
+  tile a whole number of sweeps (T = K·NT·V columns), carrying per-row state: every thread
+  holds its K vectors of the tile, a tile reduction is a block reduction over the tile, the
+  states are updated at once after each tile (the loop is unrolled: the row stays in registers);
+- the store `Out[lead, c]` without a guard, with an element-wise value in c.
+
+Element-wise values read the cached rows at their own column, other tensors at [lead…, column]
+(vector loads) or at a per-row index (one load), scalars, sizes and the column as a value.
+Reading a cached row at another column, a reduction inside an element-wise value, a buffer with
+more than one dimension, a shared-memory row, or a dynamic row length is refused by name.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from compiler.ir import Aff, Bin, Const, Expr, IndexValue, Read, Reduce, Select, Un, walk
+from compiler.machine import DTYPES
+
+from ..cexpr import aff_c, conds_c, index_value_c, size_names, unary_c
+from ..kir import Compute, Kernel, Stage, TileLoop
+from ..lower import UnsupportedMapping
+from ..source import KernelSource, Launch
+from ..templates_env import render_template
+
+NAME = "rowwise"
+# 16-byte loads of staged rows and stores of the output with the evict-first (.cs) cache hint, an
+# instruction choice made for kernels with a streaming fold (a tile loop) only: measured on the
+# H200 (perf/2026-11-30f/row/run2) it speeds the fold up (2.34 -> 2.72 TB/s) and slows the
+# two-pass kernels down by about 8 % (3.83 -> 3.53 TB/s).  None forces it on or off.
+STREAM_HINTS: bool | None = None
+_RAW = {16: "uint4", 8: "uint2", 4: "unsigned", 2: "unsigned short"}
+
+
+def _refuse(what: str) -> UnsupportedMapping:
+    return UnsupportedMapping(f"rowwise mapping: {what}")
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """The instruction choices: threads per row, vector width, vectors per thread."""
+
+    threads: int  # threads that own columns (the PARALLEL count)
+    block: int  # threads per block (a whole number of warps)
+    row: int  # C, the row length (elements)
+    vec: int  # elements per vector access
+    sweeps: int  # vectors per thread
+    tail: bool  # the last sweep is partly past the row end (guarded)
+    rows_cached: tuple[str, ...]
+    reductions: tuple[str, ...]
+    stream_hints: bool  # .cs loads of the staged rows and stores of the output
+    mma: None = None  # no tensor-core instruction
+
+
+def _pieces(esize: int, vec: int) -> list[tuple[int, int, int]]:
+    """(bytes, first element, 32-bit words) of each access of a vector of `vec` elements."""
+    nbytes = esize * vec
+    if nbytes < 4:
+        return [(nbytes, e, 0) for e in range(vec)]
+    piece = min(16, nbytes)
+    return [(piece, p * piece // esize, piece // 4) for p in range(nbytes // piece)]
+
+
+def _words(q: str, n: int) -> list[str]:
+    return [q] if n == 1 else [f"{q}.{c}" for c in "xyzw"[:n]]
+
+
+def _fixed(a: Aff, k: Kernel) -> int | None:
+    for n, v in k.fixed().items():
+        a = a.subst(n, Aff.lit(v))
+    return a.const if a.is_const() else None
+
+
+class _Printer:
+    def __init__(self, k: Kernel):
+        self.k = k
+        if len(k.lanes) != 1:
+            raise _refuse(f"the kernel is not one row per block: {len(k.lanes)} lane dimensions (one column loop expected)")
+        lane = k.lanes[0]
+        m = lane.mapping
+        if m is None or m.level != "thread" or not m.count:
+            raise _refuse(f"the kernel is not one row per block: column loop {lane.var} is not mapped to threads "
+                          "(PARALLEL to: thread with a count)")
+        if m.count > 1024:
+            raise _refuse(f"{m.count} threads per row is more than a block (1024)")
+        self.col, self.row, self.threads = lane.var, lane.extent, m.count
+        self.block = -(-m.count // 32) * 32  # threads past the count own no column
+        self.grid_vars = {g.var for g in k.grid}
+        self.names = size_names(k.sizes)
+        for g in k.grid:
+            self.names[g.var] = f"v_{g.var}"
+        width = min(DTYPES[t.dtype].bytes for t in k.tensors)
+        self.vec = next(v for v in (16 // width, 8, 4, 2, 1) if v <= 16 // width and self.row % v == 0)
+        self.sweeps = -(-self.row // (self.threads * self.vec))
+        self.tail = self.row % (self.threads * self.vec) != 0 or self.block != self.threads
+        self.cached: dict[str, str] = {}  # row buffer -> source tensor
+        self.scalars: set[str] = set()
+        self.states: set[str] = set()
+        self.tilebufs: dict[str, int] = {}  # tile buffer -> tile length
+        self.tile: tuple[str, int, int] | None = None  # (tile loop var, tile length T, sweeps per tile)
+        self.reductions: list[str] = []
+        self.tmp = 0
+        self.lines: list[str] = []
+        self.stream = any(isinstance(s, TileLoop) for s in k.body) if STREAM_HINTS is None else STREAM_HINTS
+
+    # ------------------------------------------------------------------ helpers
+    def fresh(self, base: str) -> str:
+        self.tmp += 1
+        return f"{base}{self.tmp}"
+
+    def strides(self, name: str) -> list[str]:
+        dims = self.k.tensor(name).dims
+        out, acc = [], "1LL"
+        for d in reversed(dims):
+            out.append(acc)
+            acc = f"{acc} * (long long){aff_c(d, self.names)}"
+        return list(reversed(out))
+
+    def row_lead(self, r: Read, what: str) -> tuple[Aff, ...]:
+        """The read's leading indices, which must use grid variables and sizes only."""
+        lead = r.idx[:-1]
+        sizes = {n for n, _ in self.k.sizes}
+        for a in lead:
+            if not a.names() <= self.grid_vars | sizes:
+                raise _refuse(f"{what}: index {a} of {r.tensor} is not a row index (grid variables and sizes only)")
+        return lead
+
+    def offset(self, name: str, lead: tuple[Aff, ...], last: str) -> str:
+        parts = [f"(long long){aff_c(a, self.names)} * {s}" for a, s in zip(lead, self.strides(name))]
+        return " + ".join(parts + [last])
+
+    def row_dim_ok(self, name: str) -> None:
+        n = _fixed(self.k.tensor(name).dims[-1], self.k)
+        if n != self.row:
+            raise _refuse(f"tensor {name}'s last dimension {self.k.tensor(name).dims[-1]} is not the row length {self.row}")
+
+    def load_vec(self, name: str, off: str, dst: str, stream: bool = False) -> list[str]:
+        """V elements of tensor `name` at element offset `off` into floats dst[0..V) (vector loads of
+        at most 16 bytes, elements taken from the loaded words by shifts: no type punning)."""
+        dt = DTYPES[self.k.tensor(name).dtype]
+        out = [f"float {dst}[{self.vec}];"]
+        for piece, first, words in _pieces(dt.bytes, self.vec):
+            q = self.fresh("q_")
+            if words == 0:  # one 2-byte element
+                out.append(f"{dst}[{first}] = {dt.name}_to_f32(p_{name}[{off} + {first}]);")
+                continue
+            ptr = f"p_{name} + {off} + {first}"
+            if stream and piece == 16:
+                out.append(f"const uint4 {q} = ld_stream_u4({ptr});")
+            else:
+                out.append(f"const {_RAW[piece]} {q} = *reinterpret_cast<const {_RAW[piece]}*>({ptr});")
+            w = _words(q, words)
+            for e in range(piece // dt.bytes):
+                if dt.bytes == 4:
+                    out.append(f"{dst}[{first + e}] = __uint_as_float({w[e]});")
+                else:
+                    word = w[e // 2]
+                    half = f"(unsigned short)({word} & 0xffffu)" if e % 2 == 0 else f"(unsigned short)({word} >> 16)"
+                    out.append(f"{dst}[{first + e}] = {dt.name}_to_f32({half});")
+        return out
+
+    def store_vec(self, name: str, off: str, values: list[str]) -> list[str]:
+        """values (C floats, one per element) to tensor `name` at element offset `off`."""
+        dt = DTYPES[self.k.tensor(name).dtype]
+        out = []
+        conv = [self.fresh("o_") for _ in values]
+        for c, v in zip(conv, values):
+            out.append(f"const {dt.ctype} {c} = f32_to_{dt.name}({v});")
+        for piece, first, words in _pieces(dt.bytes, self.vec):
+            if words == 0:
+                out.append(f"p_{name}[{off} + {first}] = {conv[first]};")
+                continue
+            ws = []
+            for wi in range(words):
+                if dt.bytes == 4:
+                    ws.append(f"__float_as_uint({conv[first + wi]})")
+                else:
+                    lo, hi = conv[first + 2 * wi], conv[first + 2 * wi + 1]
+                    ws.append(f"((unsigned){lo} | ((unsigned){hi} << 16))")
+            val = {1: ws[0], 2: f"make_uint2({', '.join(ws)})", 4: f"make_uint4({', '.join(ws)})"}[words]
+            if self.stream and piece == 16:
+                out.append(f"st_stream_u4(p_{name} + {off} + {first}, {val});")
+            else:
+                out.append(f"*reinterpret_cast<{_RAW[piece]}*>(p_{name} + {off} + {first}) = {val};")
+        return out
+
+    def sweep(self, body: list[str], tile: bool = False) -> list[str]:
+        """Run body for each of this thread's vectors (k, col0) of the row, or of the current tile
+        (kk the vector within the tile); j indexes the vector."""
+        if tile:
+            assert self.tile is not None
+            _, _, kt = self.tile
+            head = ["#pragma unroll", f"for (int kk = 0; kk < {kt}; ++kk) {{",
+                    f"    const int k = co_ * {kt} + kk;"]
+        else:
+            head = ["#pragma unroll", f"for (int k = 0; k < {self.sweeps}; ++k) {{"]
+        head.append(f"    const long long col0 = ((long long)k * {self.threads} + threadIdx.x) * {self.vec};")
+        if self.tail:
+            live = f"col0 < {self.row}LL" + (f" && threadIdx.x < {self.threads}" if self.block != self.threads else "")
+            return head + [f"    if ({live}) {{"] + ["        " + x for x in body] + ["    }", "}"]
+        return head + ["    " + x for x in body] + ["}"]
+
+    # ------------------------------------------------------------------ element-wise values
+    def elementwise(self, e: Expr, var: str, tile: bool = False) -> tuple[list[str], str]:
+        """(loads for one vector, the value at element j of it) of an element-wise value in var:
+        var is the column of the row, or (tile) the column within the current tile."""
+        loads: list[str] = []
+        seen: dict[Read, str] = {}
+        names = dict(self.names)
+        column = Aff.of(var)
+        names[var] = "(col0 + j)"
+        if tile:
+            assert self.tile is not None
+            co, t, _ = self.tile
+            column = Aff.of(var) + Aff.of(co).scale(t)
+            names[var] = f"(col0 + j - (long long){t} * co_)"
+
+        def go(x: Expr) -> str:
+            if isinstance(x, Const):
+                if math.isinf(x.value):
+                    return "neg_inf()" if x.value < 0 else "(-neg_inf())"
+                return f"{float(x.value)!r}f"
+            if isinstance(x, Read):
+                if x.tensor in self.cached:
+                    if x.idx != (column,):
+                        raise _refuse(f"the cached row {x.tensor} is read at {x.idx[0]}, not at the column {column}")
+                    return f"xb_{x.tensor}[k][j]"
+                if x.tensor in self.tilebufs:
+                    if not tile or x.idx != (Aff.of(var),):
+                        raise _refuse(f"the tile buffer {x.tensor} is read at {', '.join(map(str, x.idx))}, "
+                                      f"not at the tile column {var}")
+                    return f"tb_{x.tensor}[kk][j]"
+                if x.tensor in self.scalars and not x.idx:
+                    return f"sc_{x.tensor}"
+                if x.tensor in self.states and not x.idx:
+                    return f"st_{x.tensor}"
+                return self.tensor_read(x, var, loads, seen)
+            if isinstance(x, IndexValue):
+                return index_value_c(x.aff, names)
+            if isinstance(x, Bin):
+                a, b = go(x.a), go(x.b)
+                return self.binary(x.op, a, b)
+            if isinstance(x, Un):
+                return unary_c(x.op, go(x.a))
+            if isinstance(x, Select):
+                return f"({conds_c(x.conds, names)} ? {go(x.then)} : {go(x.other)})"
+            if isinstance(x, Reduce):
+                raise _refuse(f"a reduction over {x.var} inside an element-wise value (over {var})")
+            raise _refuse(f"no element-wise form for {type(x).__name__}")
+
+        return loads, go(e)
+
+    def tensor_read(self, x: Read, var: str, loads: list[str], seen: dict[Read, str]) -> str:
+        if x.tensor not in {t.name for t in self.k.inputs}:
+            raise _refuse(f"read of {x.tensor}, which is neither an input, a cached row nor a scalar")
+        if x in seen:
+            return seen[x]
+        if not x.idx:
+            raise _refuse(f"rank-0 tensor {x.tensor}")
+        last = x.idx[-1]
+        if var in last.names() or any(var in a.names() for a in x.idx[:-1]):
+            if last != Aff.of(var):
+                raise _refuse(f"{x.tensor} is read at column {last}, not at {var}")
+            lead = self.row_lead(x, f"read of {x.tensor}")
+            self.row_dim_ok(x.tensor)
+            dst = self.fresh("rd_")
+            loads += self.load_vec(x.tensor, self.offset(x.tensor, lead, "col0"), dst)
+            seen[x] = f"{dst}[j]"
+        else:
+            sizes = {n for n, _ in self.k.sizes}
+            for a in x.idx:
+                if not a.names() <= self.grid_vars | sizes:
+                    raise _refuse(f"{x.tensor}[{', '.join(map(str, x.idx))}]: index {a} is neither a row nor a column index")
+            dt = DTYPES[self.k.tensor(x.tensor).dtype]
+            off = " + ".join(f"(long long){aff_c(a, self.names)} * {s}" for a, s in zip(x.idx, self.strides(x.tensor)))
+            seen[x] = f"{dt.name}_to_f32(p_{x.tensor}[{off}])"
+        return seen[x]
+
+    @staticmethod
+    def binary(op: str, a: str, b: str) -> str:
+        if op in ("+", "-", "*"):
+            return f"({a} {op} {b})"
+        if op == "/":
+            return f"div0({a}, {b})"
+        if op == "max":
+            return f"fmaxf({a}, {b})"
+        if op == "rescale":
+            return f"rescale({a}, {b})"
+        raise _refuse(f"operator {op}")
+
+    # ------------------------------------------------------------------ per-row (scalar) values
+    def scalar(self, e: Expr) -> str:
+        if isinstance(e, Const):
+            if math.isinf(e.value):
+                return "neg_inf()" if e.value < 0 else "(-neg_inf())"
+            return f"{float(e.value)!r}f"
+        if isinstance(e, Read):
+            if e.tensor in self.scalars and not e.idx:
+                return f"sc_{e.tensor}"
+            if e.tensor in self.states and not e.idx:
+                return f"st_{e.tensor}"
+            if e.tensor in self.cached or e.tensor in self.tilebufs:
+                raise _refuse(f"the cached row {e.tensor} is read outside a row reduction or the store")
+            if any(self.col in a.names() for a in e.idx):
+                raise _refuse(f"a per-row value reads {e.tensor} at the column {self.col}")
+            return self.tensor_read(e, self.col, [], {})
+        if isinstance(e, IndexValue):
+            if self.col in e.aff.names():
+                raise _refuse(f"a per-row value uses the column {self.col}")
+            return index_value_c(e.aff, self.names)
+        if isinstance(e, Bin):
+            return self.binary(e.op, self.scalar(e.a), self.scalar(e.b))
+        if isinstance(e, Un):
+            return unary_c(e.op, self.scalar(e.a))
+        if isinstance(e, Select):
+            if any(self.col in c.names() for c in e.conds):
+                raise _refuse(f"a per-row value has a condition on the column {self.col}")
+            return f"({conds_c(e.conds, self.names)} ? {self.scalar(e.then)} : {self.scalar(e.other)})"
+        if isinstance(e, Reduce):
+            return self.row_reduce(e)
+        raise _refuse(f"no per-row form for {type(e).__name__}")
+
+    def row_reduce(self, e: Reduce) -> str:
+        if e.op not in ("sum", "max"):
+            raise _refuse(f"reduction {e.op}")
+        if e.mma is not None:
+            raise _refuse(f"the row reduction over {e.var} is mapped to {e.mma.instr}")
+        n = e.ext.single()[0] if len(e.ext.parts) == 1 and e.ext.parts[0][1] == 1 else None
+        n = _fixed(n, self.k) if n is not None else None
+        tile = self.tile is not None and n == self.tile[1] and any(
+            isinstance(x, Read) and x.tensor in self.tilebufs for x in walk(e.body))
+        if n != self.row and not tile:
+            raise _refuse(f"the reduction over {e.var} < {e.ext} spans neither the row of {self.row} columns "
+                          "nor a tile buffer of the current tile")
+        loads, value = self.elementwise(e.body, e.var, tile)
+        acc = self.fresh("red_")
+        init, step = ("0.0f", f"{acc} += v_;") if e.op == "sum" else ("neg_inf()", f"{acc} = fmaxf({acc}, v_);")
+        self.lines.append(f"float {acc} = {init};")
+        self.lines += self.sweep(loads + ["#pragma unroll", f"for (int j = 0; j < {self.vec}; ++j) {{",
+                                          f"    const float v_ = {value}; {step}", "}"], tile)
+        self.lines.append(f"{acc} = block_{e.op}<{self.block // 32}>({acc}, red_smem_);")
+        self.reductions.append(f"{e.op} over {e.var}")
+        return acc
+
+    # ------------------------------------------------------------------ statements
+    def stage(self, s: Stage) -> None:
+        b = s.buf
+        if len(b.dims) != 1 or b.dims[0][1] != self.row:
+            raise _refuse(f"staged buffer {b.name} is not one row of {self.row} elements")
+        if b.level != "register":
+            raise _refuse(f"staged buffer {b.name} is at level {b.level}; this mapping keeps rows in registers")
+        if b.stages != 1:
+            raise _refuse(f"staged buffer {b.name} asks for {b.stages} pipeline stages")
+        r0 = b.dims[0][0]
+        v = s.value
+        if not (isinstance(v, Read) and v.tensor == b.source and v.idx and v.idx[-1] == Aff.of(r0)):
+            raise _refuse(f"staged buffer {b.name} is not a plain row copy {b.source}[…, {r0}]")
+        lead = self.row_lead(v, f"staged buffer {b.name}")
+        self.row_dim_ok(v.tensor)
+        dst = self.fresh("ld_")
+        self.lines.append(f"float xb_{b.name}[{self.sweeps}][{self.vec}];")
+        body = self.load_vec(v.tensor, self.offset(v.tensor, lead, "col0"), dst, stream=self.stream)
+        body += ["#pragma unroll", f"for (int j = 0; j < {self.vec}; ++j) xb_{b.name}[k][j] = {dst}[j];"]
+        if self.tail:
+            self.lines += ["#pragma unroll", f"for (int k = 0; k < {self.sweeps}; ++k) {{", "    #pragma unroll",
+                           f"    for (int j = 0; j < {self.vec}; ++j) xb_{b.name}[k][j] = 0.0f;", "}"]
+        self.lines += self.sweep(body)
+        self.cached[b.name] = b.source
+
+    def compute(self, s: Compute) -> None:
+        b = s.buf
+        if b.dims:
+            if self.tile is None or len(b.dims) != 1 or b.dims[0][1] != self.tile[1] or b.level != "register":
+                raise _refuse(f"computed buffer {b.name}[{', '.join(f'{v} < {n}' for v, n in b.dims)}] @{b.level} is "
+                              "neither a per-row scalar nor a register tile of the current tile loop")
+            loads, value = self.elementwise(s.value, b.dims[0][0], tile=True)
+            kt = self.tile[2]
+            self.lines.append(f"float tb_{b.name}[{kt}][{self.vec}];")
+            self.lines += self.sweep(loads + ["#pragma unroll",
+                                              f"for (int j = 0; j < {self.vec}; ++j) tb_{b.name}[kk][j] = {value};"], True)
+            self.tilebufs[b.name] = b.dims[0][1]
+            return
+        value = self.scalar(s.value)
+        self.lines.append(f"const float sc_{b.name} = {value};")
+        self.scalars.add(b.name)
+
+    def tile_loop(self, s: TileLoop) -> None:
+        if self.tile is not None:
+            raise _refuse(f"tile loop over {s.var} inside another tile loop")
+        n = _fixed(s.ext.single()[0], self.k) if len(s.ext.parts) == 1 else None
+        tiles = -(-n // s.ext.parts[0][1]) if n is not None else None
+        if tiles is None:
+            raise _refuse(f"tile loop over {s.var} < {s.ext} has no fixed number of tiles")
+        lens = {b.buf.dims[0][1] for b in s.body if isinstance(b, Compute) and len(b.buf.dims) == 1}
+        if len(lens) != 1:
+            raise _refuse(f"tile loop over {s.var}: its tile buffers do not have one tile length ({sorted(lens)})")
+        t = lens.pop()
+        per = self.threads * self.vec
+        if t % per or tiles * (t // per) != self.sweeps:
+            raise _refuse(f"tile loop over {s.var}: {tiles} tiles of {t} columns are not whole sweeps of "
+                          f"{self.threads} x {self.vec} covering the row ({self.sweeps} sweeps)")
+        for st in s.state:
+            if st.acc is not None and st.acc.dtype != "f32":
+                raise _refuse(f"state {st.name} accumulates in {st.acc.dtype}")
+            self.lines.append(f"float st_{st.name} = {self.scalar(st.init)};")
+        self.names[s.var] = "(long long)co_"
+        self.lines += ["#pragma unroll", f"for (int co_ = 0; co_ < {tiles}; ++co_) {{"]
+        outer, self.lines = self.lines, []
+        self.states |= {st.name for st in s.state}
+        self.tile = (s.var, t, t // per)
+        for x in s.body:
+            if isinstance(x, Compute):
+                self.compute(x)
+            else:
+                raise _refuse(f"{type(x).__name__} inside the tile loop over {s.var}")
+        updates = [(st.name, self.scalar(st.update)) for st in s.state]
+        self.lines += [f"const float n_{name} = {v};" for name, v in updates]
+        self.lines += [f"st_{name} = n_{name};" for name, _ in updates]
+        self.lines = outer + ["    " + x for x in self.lines] + ["}"]
+        self.tile = None
+        for x in s.body:
+            self.tilebufs.pop(x.buf.name, None)
+            self.scalars.discard(x.buf.name)
+        del self.names[s.var]
+
+    def store(self) -> None:
+        st, out = self.k.store, self.k.output
+        if st.guard:
+            raise _refuse(f"the store is guarded ({' && '.join(map(str, st.guard))}); a row store writes the whole row")
+        if not st.index or st.index[-1] != Aff.of(self.col):
+            raise _refuse(f"the store {st.tensor}[{', '.join(map(str, st.index))}] does not write column {self.col} last")
+        lead = self.row_lead(Read(st.tensor, st.index), "the store")
+        self.row_dim_ok(out.name)
+        loads, value = self.elementwise(st.value, self.col)
+        body = loads + [f"float ov_[{self.vec}];", "#pragma unroll", f"for (int j = 0; j < {self.vec}; ++j) ov_[j] = {value};"]
+        body += self.store_vec(out.name, self.offset(out.name, lead, "col0"), [f"ov_[{j}]" for j in range(self.vec)])
+        self.lines += self.sweep(body)
+
+
+def render(k: Kernel, options: tuple[str, ...]) -> tuple[KernelSource, Launch, RowPlan]:
+    """CUDA source, launch and plan of a row kernel; UnsupportedMapping naming what does not fit."""
+    try:
+        return _render(k, options)
+    except KeyError as exc:  # an index with no C name here: a column index used outside its place
+        raise _refuse(f"index {exc.args[0]}") from None
+
+
+def _render(k: Kernel, options: tuple[str, ...]) -> tuple[KernelSource, Launch, RowPlan]:
+    p = _Printer(k)
+    for s in k.body:
+        if isinstance(s, Stage):
+            p.stage(s)
+        elif isinstance(s, Compute):
+            p.compute(s)
+        elif isinstance(s, TileLoop):
+            p.tile_loop(s)
+        else:
+            raise _refuse(f"statement {type(s).__name__}")
+    p.store()
+    out = k.output
+    params = [f"const {DTYPES[t.dtype].ctype}* __restrict__ p_{t.name}" for t in k.inputs]
+    params.append(f"{DTYPES[out.dtype].ctype}* __restrict__ p_{out.name}")
+    params += [f"int sz_{n}" for n in k.dynamic()]
+    grid = [f"const long long v_{g.var} = blockIdx.{g.axis};" for g in k.grid]
+    plan = RowPlan(p.threads, p.block, p.row, p.vec, p.sweeps, p.tail, tuple(p.cached), tuple(p.reductions), p.stream)
+    ctx = dict(kname=k.name, threads=p.block, params=", ".join(params), grid=grid,
+               body=p.lines, summary=f"rowwise: {p.threads} threads per row, {p.sweeps} x {p.vec} elements per thread")
+    src = render_template("rowwise.cu.j2", ctx)
+    ks = KernelSource(src, k.name, tuple(t.name for t in k.tensors) + k.dynamic(), p.block, 0, options)
+    launch = Launch(tuple((g.axis, g.ext) for g in k.grid), p.block, 0, tuple(t.name for t in k.tensors), k.dynamic())
+    return ks, launch, plan
+
+
+def _print(k: Kernel, options: tuple[str, ...]):
+    from .registry import Printed, Variant
+
+    ks, launch, plan = render(k, options)
+    return Printed(NAME, k, plan, (Variant("kernel", ks, launch),),
+                   {"expect_mma": None, "expect_async_copy": False, "forbid_spills": True})
+
+
+def _register() -> None:
+    from .registry import Mapping, register
+
+    register(Mapping(NAME, "rowwise", None, _print))
+
+
+_register()
