@@ -285,7 +285,7 @@ def _kernel(name: str = "rmsnorm", C: int = 64, threads: int = 32) -> Kernel:
 
 def test_rowwise_prints_the_kernel_ir_it_is_given():
     ks, _, plan = rowwise.render(_kernel(), ())
-    assert plan.vec == 8 and plan.sweeps == 1 and plan.reductions == ("sum over k2",)
+    assert plan.vec == 8 and plan.sweeps == 1 and plan.reductions == ("sum over k",)
     assert "block_sum<1>" in ks.source and "rsqrtf" in ks.source
 
 

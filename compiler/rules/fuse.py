@@ -8,19 +8,8 @@ Each read P[a, b] becomes f with P's loop indices replaced by the read's index e
 the output; P's loop nest is untiled and unmapped with the plain store P[i, j] and no guard —
 a tiled producer and a consumer reading it untiled are mismatched tilings, refused; every read
 index stays inside P's extents or under a guard.  With `def` the producer is inlined into that
-consumer only; it is removed once nothing reads it.
-
-With `bind: x` the producer's value is computed once and bound (an epilogue reading the
-contraction several times, GELU's x):
-
-    before:  def X[i, j] = f(i, j)             def C[i, j] = g(X[i, j], X[i, j])
-    after:                                     def C[i, j] = let x = f(i, j) in g(x, x)
-
-Preconditions of `bind`, besides the above: one consumer; its loops have the producer's extents,
-in order; every read of the producer in it is X[i, j, ...] with the consumer's own loop indices,
-in order (an elementwise consumer), so the bound value is the producer's at the stored point; x
-is a new name.  The `let` is the scalar binding of the IR (a register value); the obligation is
-gen_inline's, with the let unfolded.
+consumer only; it is removed once nothing reads it.  To compute the producer's value once where a
+consumer reads the same element several times (GELU's x, a row's mean), use `fuse_let`.
 Theorem: gen_inline (lean/Derivc/Rules/Fuse.lean, proofs_ci/coq).  Inverse: `unfuse`.
 """
 from __future__ import annotations
@@ -30,7 +19,7 @@ from dataclasses import replace
 from pydantic import Field
 
 from ..ir import (
-    Aff, Binding, Def, Expr, Let, Program, Read, names_in_program, replace_reads, subst_index, tensors_read,
+    Aff, Def, Expr, Program, Read, names_in_program, replace_reads, subst_index, tensors_read,
 )
 from . import register
 from .base import Facts, Rule, StepParams, drop_def, freshen_binders, readers_of
@@ -39,34 +28,23 @@ from .base import Facts, Rule, StepParams, drop_def, freshen_binders, readers_of
 class FuseParams(StepParams):
     producer: str
     def_: str | None = Field(default=None, alias="def")
-    bind: str | None = None
-    new_names = ("bind",)
+
+
+def value_at(producer: Def, idx: tuple[Aff, ...], taken: set[str]) -> Expr:
+    """The producer's body at index `idx` (its bound names renamed apart from `taken`)."""
+    body = freshen_binders(producer.body, taken)
+    temps = [f"__fuse{k}" for k in range(len(producer.loops))]
+    for lp, tmp in zip(producer.loops, temps):
+        body = subst_index(body, lp.var, Aff.of(tmp))
+    for tmp, a in zip(temps, idx):
+        body = subst_index(body, tmp, a)
+    return body
 
 
 def inline_reads(consumer: Def, producer: Def, taken: set[str]) -> Def:
     """consumer with every read of producer replaced by producer's body at the read index."""
-
-    def expand(r: Read) -> Expr:
-        body = freshen_binders(producer.body, taken)
-        temps = [f"__fuse{k}" for k in range(len(producer.loops))]
-        for lp, tmp in zip(producer.loops, temps):
-            body = subst_index(body, lp.var, Aff.of(tmp))
-        for tmp, a in zip(temps, r.idx):
-            body = subst_index(body, tmp, a)
-        return body
-
-    return replace(consumer, body=replace_reads(consumer.body, producer.name, expand))
-
-
-def bind_reads(consumer: Def, producer: Def, name: str, taken: set[str]) -> Def:
-    """consumer with the producer's value at the consumer's point bound once as `name`."""
-    body = freshen_binders(producer.body, taken)
-    for lp, clp in zip(producer.loops, consumer.loops):
-        body = subst_index(body, lp.var, Aff.of("__bind_" + lp.var))
-    for lp, clp in zip(producer.loops, consumer.loops):
-        body = subst_index(body, "__bind_" + lp.var, Aff.of(clp.var))
-    rest = replace_reads(consumer.body, producer.name, lambda r: Read(name, ()))
-    return replace(consumer, body=Let(Binding(name, (), body, "register"), rest))
+    return replace(consumer, body=replace_reads(consumer.body, producer.name,
+                                                lambda r: value_at(producer, r.idx, taken)))
 
 
 class Fuse(Rule):
@@ -102,35 +80,14 @@ class Fuse(Rule):
         )
         facts = {"producer": prod.name, "into": targets, "reads_inlined": reads,
                  "removes_producer": set(targets) == set(consumers)}
-        if p.bind is not None:
-            facts["bind"] = self._check_bind(prog, prod, targets, p.bind)
         return facts
-
-    def _check_bind(self, prog: Program, prod: Def, targets: list[str], name: str) -> str:
-        if len(targets) != 1:
-            raise self.fail(f"bind: {prod.name} is read by {', '.join(targets)}; bind into one consumer (def:)")
-        if name in names_in_program(prog):
-            raise self.unknown(f"parameter bind: name {name} is already used in the program")
-        cons = prog.def_named(targets[0])
-        if [lp.ext for lp in cons.loops] != [lp.ext for lp in prod.loops]:
-            raise self.fail(f"bind: {cons.name}'s loops ({', '.join(f'{lp.var} < {lp.ext}' for lp in cons.loops)}) "
-                            f"do not have {prod.name}'s extents ({', '.join(str(lp.ext) for lp in prod.loops)})")
-        point = tuple(Aff.of(lp.var) for lp in cons.loops)
-        for r in _reads_of(cons.body, prod.name):
-            if r.idx != point:
-                raise self.fail(f"bind: {cons.name} reads {prod.name}[{', '.join(map(str, r.idx))}], not "
-                                f"{prod.name}[{', '.join(map(str, point))}] at its own point")
-        return name
 
     def rewrite(self, prog: Program, p: FuseParams, facts: Facts) -> Program:
         prod = prog.def_named(p.producer)
         others = replace(prog, defs=tuple(x for x in prog.defs if x.name != prod.name))
         taken = set(names_in_program(others))
         for name in facts["into"]:
-            if "bind" in facts:
-                prog = prog.with_def(bind_reads(prog.def_named(name), prod, facts["bind"], taken))
-            else:
-                prog = prog.with_def(inline_reads(prog.def_named(name), prod, taken))
+            prog = prog.with_def(inline_reads(prog.def_named(name), prod, taken))
         if not any(prod.name in tensors_read(d.body) for d in prog.defs):
             prog = drop_def(prog, prod.name)
         return prog

@@ -23,10 +23,11 @@ from dataclasses import replace
 from pydantic import Field
 
 from ..ir import (
-    Aff, Binding, Let, Program, Read, all_binders, names_in_program, replace_reads, subst_index, tensors_read, walk,
+    Aff, Binding, Let, Program, Read, all_binders, names_in_program, replace_reads, tensors_read, walk,
 )
 from . import register
-from .base import Facts, Rule, StepParams, drop_def, freshen_binders
+from .base import Facts, Rule, StepParams, drop_def
+from .fuse import value_at
 
 
 class FuseLetParams(StepParams):
@@ -82,14 +83,11 @@ class FuseLet(Rule):
     def rewrite(self, prog: Program, p: FuseLetParams, facts: Facts) -> Program:
         prod, cons = prog.def_named(p.producer), prog.def_named(p.def_)
         name = facts["binding"]
-        taken = set(names_in_program(prog)) | {name}
-        value = freshen_binders(prod.body, taken)
-        temps = [f"__bind{k}" for k in range(len(prod.loops))]
-        for lp, tmp in zip(prod.loops, temps):
-            value = subst_index(value, lp.var, Aff.of(tmp))
+        # the producer's own names leave with it: renamed apart from the rest only (as `fuse`)
+        others = replace(prog, defs=tuple(x for x in prog.defs if x.name != prod.name))
+        taken = set(names_in_program(others)) | {name}
         idx = next(x.idx for x in walk(cons.body) if isinstance(x, Read) and x.tensor == prod.name)
-        for tmp, a in zip(temps, idx):
-            value = subst_index(value, tmp, a)
+        value = value_at(prod, idx, taken)
         body = replace_reads(cons.body, prod.name, lambda r: Read(name, ()))
         prog = prog.with_def(replace(cons, body=Let(Binding(name, (), value, "register"), body)))
         if facts["removes_producer"]:
