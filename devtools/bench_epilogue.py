@@ -7,8 +7,9 @@ bias + residual C0): the derived kernel (examples/gemm_bias_*.yaml, gemm_residua
 eager anchor (torch.addmm with the bias, cuBLASLt, then the activation / residual add), and
 torch.compile of linear + activation; plus the plain derived GEMM (examples/gemm_wgmma.yaml) and
 cuBLAS matmul, so the epilogue's own cost shows.  do_bench medians, two input sets rotating
-(together beyond L2).  Rows go to stdout and, one JSON line each, to $OUT/bench_epilogue.jsonl as
-they are measured.  A developer script: no test imports it.
+(together beyond L2); each row's columns timed in ROUNDS interleaved rounds, order rotated, the
+median taken.  Rows go to stdout and, one JSON line each, to $OUT/bench_epilogue.jsonl as they
+are measured.  A developer script: no test imports it.
 """
 from __future__ import annotations
 
@@ -35,6 +36,20 @@ def _timer(fns) -> float:
         state["k"] += 1
 
     return float(triton.testing.do_bench(step, warmup=25, rep=100, return_mode="median"))
+
+
+ROUNDS = 5  # interleaved rounds, order rotated: a clock drift hits every column alike
+
+
+def _rounds(columns: dict) -> dict:
+    """Median time of each column (a list of callables) over ROUNDS interleaved rounds."""
+    import statistics
+
+    names, times = list(columns), {n: [] for n in columns}
+    for r in range(ROUNDS):
+        for n in names[r % len(names):] + names[:r % len(names)]:
+            times[n].append(_timer(columns[n]))
+    return {n: statistics.median(t) for n, t in times.items()}
 
 
 def main() -> int:
@@ -77,11 +92,12 @@ def main() -> int:
     t_gemm = {}
     for n in sizes:
         sets, flops = data[n], 2.0 * n ** 3
-        t_mm = _timer([lambda s=s: torch.matmul(s["a"], s["b"], out=s["out"]) for s in sets])
         g = kernels["gemm_wgmma"]
-        t_gemm[n] = t_g = _timer([lambda s=s: g(s["a"], s["b"], out=s["out"]) for s in sets])
+        t = _rounds({"cublas": [lambda s=s: torch.matmul(s["a"], s["b"], out=s["out"]) for s in sets],
+                     "derived": [lambda s=s: g(s["a"], s["b"], out=s["out"]) for s in sets]})
+        t_gemm[n] = t_g = t["derived"]
         row(case=f"gemm {n}^3", derived_tflops=round(flops / t_g / 1e9, 1),
-            cublas_tflops=round(flops / t_mm / 1e9, 1), ratio=round(t_mm / t_g, 3))
+            cublas_tflops=round(flops / t["cublas"] / 1e9, 1), ratio=round(t["cublas"] / t_g, 3))
     # the targets first (bias + ReLU / GELU at every size), the residual last
     for act, (fn, ex) in list(acts.items()) + [("residual", (None, "gemm_residual"))]:
         for n in sizes:
@@ -103,16 +119,19 @@ def main() -> int:
                 got = k(s0["a"], s0["b"], s0["bias"], out=s0["out"])
             err = float((got.float() - ref).norm() / ref.norm())
             del ref
-            t_d = _timer(derived)
-            t_e = _timer([lambda s=s: eager_fn(s["a"], s["b"], s["bias"], s["c0"]) for s in sets])
-            r = dict(case=f"gemm+{act} {n}^3", derived_tflops=tf(t_d), eager_tflops=tf(t_e),
-                     ratio_eager=round(t_e / t_d, 3), epilogue_cost=round(t_d / t_gemm[n] - 1, 4), rel_error=err)
+            columns = {"derived": derived,
+                       "eager": [lambda s=s: eager_fn(s["a"], s["b"], s["bias"], s["c0"]) for s in sets]}
             if not args.no_compile:
                 comp = torch.compile(comp_src)
                 for s in sets:
                     comp(s["a"], s["b"], s["bias"], s["c0"])
-                t_c = _timer([lambda s=s: comp(s["a"], s["b"], s["bias"], s["c0"]) for s in sets])
-                r.update(compiled_tflops=tf(t_c), ratio_compiled=round(t_c / t_d, 3))
+                columns["compiled"] = [lambda s=s: comp(s["a"], s["b"], s["bias"], s["c0"]) for s in sets]
+            t = _rounds(columns)
+            t_d, t_e = t["derived"], t["eager"]
+            r = dict(case=f"gemm+{act} {n}^3", derived_tflops=tf(t_d), eager_tflops=tf(t_e),
+                     ratio_eager=round(t_e / t_d, 3), epilogue_cost=round(t_d / t_gemm[n] - 1, 4), rel_error=err)
+            if "compiled" in t:
+                r.update(compiled_tflops=tf(t["compiled"]), ratio_compiled=round(t["compiled"] / t_d, 3))
             row(**r)
     return 0
 
