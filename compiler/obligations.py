@@ -37,7 +37,7 @@ from typing import Any
 
 from .ir import Aff, Bin, Def, Expr, Fold, Program, Read, Reduce, Select, Softmax, Un
 from .obligations_base import (
-    LEAN_PROPS, Obligation, Thm, _at_path, _binders, _c, _def_hyps, _l, _def_pair, _eq_thm, _exporter,
+    Obligation, Thm, online_parts, running_max_lam, _at_path, _binders, _c, _def_hyps, _l, _def_pair, _eq_thm, _exporter,
     _failed_text, _find_path, _lam_of, _ob, _path_hyps, _thm_name, coq_text, lean_text,
 )
 from .obligations_frame import others_thm, site_frame, store_frame
@@ -397,33 +397,13 @@ def ob_online_agg(rec, before: Program, after: Program) -> Obligation:
     if not (isinstance(body, Bin) and body.op == "*" and isinstance(body.a, Un) and isinstance(body.a.a, Bin)):
         raise ExportError("the numerator is not exp(s - M) * v")
     score, m_read, value = body.a.a.a, body.a.a.b, body.b
-    envf = {inner.var: ("idx", V("j_")), outer.var: ("idx", N(0))}
-    G = Lam(["j_"], ex.conds_bool(conds, envf) if conds else A("true"))
-    S = Lam(["j_"], ex.expr(score, envf))
-    Vf = Lam(["j_"], ex.expr(value, envf))
-    M = ex.expr(m_read, {})
-    E = ex.ext(outer.ext, {})
-    T = ex.ext(inner.ext, {})
+    G, S, M, E, T = online_parts(ex, outer, inner, conds, score, m_read)
+    Vf = Lam(["j_"], ex.expr(value, {inner.var: ("idx", V("j_")), outer.var: ("idx", N(0))}))
     fold = ad.body
     if not isinstance(fold, Fold) or len(fold.state) != 3:
         raise ExportError("the after body is not a fold with state (m, l, acc)")
     # mnext: the IR's own running max, as a function of (tile, old max)
-    env = {fold.var: ("idx", V("i_" + fold.var)), fold.state[0]: ("buf", "v_" + fold.state[0])}
-    ex.vty["v_" + fold.state[0]] = "X"
-    lets = []
-    mval = None
-    for bnd in fold.binds:
-        if bnd.name == f["m_new"]:
-            mval = ex.expr(bnd.value, env)
-            break
-        coq, val, env = ex.binding(bnd, env)
-        lets.append((coq, val))
-    if mval is None:
-        raise ExportError("no running-max binding in the fold")
-    for coq, val in reversed(lets):
-        mval = ("let", coq, val, mval)
-    mnext = Lam(["i_" + fold.var, "v_" + fold.state[0]], mval)
-    ex.nat_vars.pop("i_" + fold.var, None)
+    mnext = running_max_lam(ex, fold, f["m_new"])
     fo = f"onlineFoldG ({_c(G)}) ({_c(S)}) ({_c(Vf)}) {_c(T)} ({_c(mnext)}) ninf ({_c(E)})"
     # the running max is defined (finite once a live key was seen) and so is the shift M
     proof = (f"intros.\n"

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .ir import Def, Expr, Fold, Let, Program, Reduce, Select, Softmax, children
-from .obligations_terms import Exporter, Term, render
+from .obligations_terms import A, ExportError, Exporter, Lam, N, Term, V, render
 
 COQ_HEADER = """From Coq Require Import Arith Lia Bool Ring.
 Require Import Derivc.All.
@@ -110,6 +110,35 @@ def _lam_of(t: Term) -> Term:
     """The function argument of sumTo/maxTo n f."""
     assert t[0] == "app" and t[1] in ("sumTo", "maxTo"), t
     return t[2][1]
+
+
+def online_parts(ex: Exporter, outer, inner, conds, score: Expr, m_read: Expr) -> tuple[Term, ...]:
+    """The terms of a tiled, guarded softmax sum that ONLINE-AGG's theorems take: the guard G
+    and score S as functions of the key index, the shift M, the tile count E and the tile T."""
+    envf = {inner.var: ("idx", V("j_")), outer.var: ("idx", N(0))}
+    g = Lam(["j_"], ex.conds_bool(conds, envf) if conds else A("true"))
+    s = Lam(["j_"], ex.expr(score, envf))
+    return g, s, ex.expr(m_read, {}), ex.ext(outer.ext, {}), ex.ext(inner.ext, {})
+
+
+def running_max_lam(ex: Exporter, fold: Fold, m_new: str) -> Term:
+    """The fold's own running-max update as a function of (tile index, old max): the bindings
+    before `m_new` as lets around its value (ONLINE-AGG's obligations rewrite with it)."""
+    env = {fold.var: ("idx", V("i_" + fold.var)), fold.state[0]: ("buf", "v_" + fold.state[0])}
+    ex.vty["v_" + fold.state[0]] = "X"
+    lets, mval = [], None
+    for bnd in fold.binds:
+        if bnd.name == m_new:
+            mval = ex.expr(bnd.value, env)
+            break
+        coq, val, env = ex.binding(bnd, env)
+        lets.append((coq, val))
+    if mval is None:
+        raise ExportError("no running-max binding in the fold")
+    for coq, val in reversed(lets):
+        mval = ("let", coq, val, mval)
+    ex.nat_vars.pop("i_" + fold.var, None)
+    return Lam(["i_" + fold.var, "v_" + fold.state[0]], mval)
 
 
 def _c(t: Term) -> str:

@@ -12,9 +12,9 @@ step (running max = the IR's m_new, rescale of l as written).  Called from
 from __future__ import annotations
 
 from .ir import Aff, Fold, Program, Select, subst_index
-from .obligations_base import Obligation, _c, _def_hyps, _def_pair, _eq_thm, _exporter, _l, _ob, _thm_name
+from .obligations_base import Obligation, online_parts, running_max_lam, _c, _def_hyps, _def_pair, _eq_thm, _exporter, _l, _ob, _thm_name
 from .obligations_frame import store_frame
-from .obligations_terms import A, ExportError, Lam, N, V
+from .obligations_terms import ExportError
 
 
 def ob_online_softmax(rec, before: Program, after: Program, finish) -> Obligation:
@@ -41,31 +41,12 @@ def ob_online_softmax(rec, before: Program, after: Program, finish) -> Obligatio
     if isinstance(body, Select):
         conds, body = body.conds, body.then
     score = body.a.a
-    envf = {inner.var: ("idx", V("j_")), outer.var: ("idx", N(0))}
-    G = Lam(["j_"], ex.conds_bool(conds, envf) if conds else A("true"))
-    S = Lam(["j_"], ex.expr(score, envf))
-    M = ex.expr(m_read, {})
-    E = ex.ext(outer.ext, {})
-    T = ex.ext(inner.ext, {})
+    G, S, M, E, T = online_parts(ex, outer, inner, conds, score, m_read)
     num_score = ex.expr(at_score, {})
     fold = ad.body
     if not isinstance(fold, Fold) or len(fold.state) != 2:
         raise ExportError("the after body is not a fold with state (m, l)")
-    env = {fold.var: ("idx", V("i_" + fold.var)), fold.state[0]: ("buf", "v_" + fold.state[0])}
-    ex.vty["v_" + fold.state[0]] = "X"
-    lets, mval = [], None
-    for bnd in fold.binds:
-        if bnd.name == f["m_new"]:
-            mval = ex.expr(bnd.value, env)
-            break
-        coq, val, env = ex.binding(bnd, env)
-        lets.append((coq, val))
-    if mval is None:
-        raise ExportError("no running-max binding in the fold")
-    for coq, val in reversed(lets):
-        mval = ("let", coq, val, mval)
-    mnext = Lam(["i_" + fold.var, "v_" + fold.state[0]], mval)
-    ex.nat_vars.pop("i_" + fold.var, None)
+    mnext = running_max_lam(ex, fold, f["m_new"])
     f2 = f"onlineFold2 ({_c(G)}) ({_c(S)}) {_c(T)} ({_c(mnext)}) ninf ({_c(E)})"
     proof = (f"intros.\n"
              f"  assert (Hmn_ : online_max_ok ({_c(G)}) {_c(T)} ({_c(mnext)}) ({_c(E)})) by derivc_mnext.\n"

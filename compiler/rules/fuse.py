@@ -47,6 +47,23 @@ def inline_reads(consumer: Def, producer: Def, taken: set[str]) -> Def:
                                                 lambda r: value_at(producer, r.idx, taken)))
 
 
+def inlinable_producer(rule: Rule, prog: Program, name: str) -> Def:
+    """The producer FUSE and fuse_let inline: a definition, not the output, with the plain store
+    P[i, ...] of an untiled, unmapped, unguarded loop nest (its consumers read it by plain
+    indices)."""
+    prod = rule.get_def(prog, name, "producer")
+    if prod.name == prog.output:
+        raise rule.fail(f"{prod.name} is the program's output; it cannot be inlined away")
+    plain = tuple(Aff.of(lp.var) for lp in prod.loops)
+    if prod.store != plain or prod.guard or any(lp.mapping for lp in prod.loops):
+        raise rule.fail(
+            f"mismatched tilings: producer {prod.name} stores {prod.name}[{', '.join(map(str, prod.store))}] "
+            "with a tiled, mapped or guarded loop nest, while its consumers read it by plain indices; "
+            f"{rule.name} before tiling the producer"
+        )
+    return prod
+
+
 class Fuse(Rule):
     name = "fuse"
     kind = "FUSE"
@@ -54,16 +71,7 @@ class Fuse(Rule):
     Params = FuseParams
 
     def check(self, prog: Program, p: FuseParams) -> Facts:
-        prod = self.get_def(prog, p.producer, "producer")
-        if prod.name == prog.output:
-            raise self.fail(f"{prod.name} is the program's output; it cannot be inlined away")
-        plain = tuple(Aff.of(lp.var) for lp in prod.loops)
-        if prod.store != plain or prod.guard or any(lp.mapping for lp in prod.loops):
-            raise self.fail(
-                f"mismatched tilings: producer {prod.name} stores {prod.name}[{', '.join(map(str, prod.store))}] "
-                "with a tiled or mapped loop nest, while its consumers read it by plain indices; "
-                "fuse before tiling the producer"
-            )
+        prod = inlinable_producer(self, prog, p.producer)
         consumers = [d.name for d in readers_of(prog, prod.name)]
         if not consumers:
             raise self.fail(f"nothing reads {prod.name}")

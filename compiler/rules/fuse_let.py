@@ -27,7 +27,7 @@ from ..ir import (
 )
 from . import register
 from .base import Facts, Rule, StepParams, drop_def
-from .fuse import value_at
+from .fuse import inlinable_producer, value_at
 
 
 class FuseLetParams(StepParams):
@@ -44,16 +44,10 @@ class FuseLet(Rule):
     Params = FuseLetParams
 
     def check(self, prog: Program, p: FuseLetParams) -> Facts:
-        prod = self.get_def(prog, p.producer, "producer")
+        prod = inlinable_producer(self, prog, p.producer)
         cons = self.get_def(prog, p.def_)
-        if prod.name == prog.output:
-            raise self.fail(f"{prod.name} is the program's output; it cannot be inlined away")
         if prod.name == cons.name:
             raise self.fail(f"{prod.name} cannot be bound inside itself")
-        plain = tuple(Aff.of(lp.var) for lp in prod.loops)
-        if prod.store != plain or prod.guard or any(lp.mapping for lp in prod.loops):
-            raise self.fail(f"mismatched tilings: producer {prod.name} has a tiled, mapped or guarded loop nest; "
-                            "bind it before tiling")
         reads = [x for x in walk(cons.body) if isinstance(x, Read) and x.tensor == prod.name]
         if not reads:
             raise self.fail(f"{cons.name} does not read {prod.name}")

@@ -59,6 +59,16 @@ class OnlineAggParams(StepParams):
     name_bases = ("names",)
 
 
+def _fold_names(state: tuple[str, ...], bases: tuple[str, ...], ji: str, taken: set[str]) -> dict[str, str]:
+    """Fresh names of the fold's state (from the step's `names`) and of its per-tile bindings."""
+    out: dict[str, str] = {}
+    for key, base in list(zip(state, bases)) + [("m_new", "m_new"), ("S_t", "S_t"), ("P_t", "P_t"), ("c", "c"),
+                                                 ("j_max", ji + "_max"), ("j_sum", ji + "_sum")]:
+        out[key] = fresh(base, taken)
+        taken.add(out[key])
+    return out
+
+
 def _tiled_sum(e: Expr):
     """sum(jo: sum(ji: [g] ? body : 0)) → (jo, E, ji, T, g, body) or None."""
     if not (isinstance(e, Reduce) and e.op == "sum" and isinstance(e.body, Reduce) and e.body.op == "sum"):
@@ -138,14 +148,7 @@ class OnlineAgg(Rule):
             "removes": [l_def.name] + ([m_read.tensor] if prog.has_def(m_read.tensor) else []),
             "invariant": "l = exp(-m)·Σ exp(s), acc = exp(-m)·Σ exp(s)·v (any m)",
         }
-        taken = set(names_in_program(prog))
-        for key, base in zip(("m", "l", "acc"), p.names):
-            facts[key] = fresh(base, taken)
-            taken.add(facts[key])
-        for key, base in (("m_new", "m_new"), ("S_t", "S_t"), ("P_t", "P_t"), ("c", "c"),
-                          ("j_max", ji + "_max"), ("j_sum", ji + "_sum")):
-            facts[key] = fresh(base, taken)
-            taken.add(facts[key])
+        facts.update(_fold_names(("m", "l", "acc"), p.names, ji, set(names_in_program(prog))))
         facts["parts"] = (jo, ext, ji, t_ext, conds, score, value)
         return facts
 
@@ -183,13 +186,7 @@ class OnlineAgg(Rule):
             "removes": [l_def.name] + ([m_read.tensor] if prog.has_def(m_read.tensor) else []),
             "invariant": "l = exp(-m)·Σ exp(s) (any m); the element is exp(a - m) / l",
         }
-        for key, base in zip(("m", "l"), p.names[:2]):
-            facts[key] = fresh(base, taken)
-            taken.add(facts[key])
-        for key, base in (("m_new", "m_new"), ("S_t", "S_t"), ("P_t", "P_t"), ("c", "c"),
-                          ("j_max", ji + "_max"), ("j_sum", ji + "_sum")):
-            facts[key] = fresh(base, taken)
-            taken.add(facts[key])
+        facts.update(_fold_names(("m", "l"), p.names[:2], ji, taken))
         facts["parts"] = (jo, ext, ji, t_ext, conds, score, at_score)
         return facts
 
