@@ -119,14 +119,7 @@ class OnlineAgg(Rule):
             )
         if not prog.has_def(l_read.tensor):
             raise self.fail(f"the denominator {l_read.tensor} is not a definition")
-        l_def = prog.def_named(l_read.tensor)
-        if l_def.store != tuple(Aff.of(lp.var) for lp in l_def.loops) or l_def.guard:
-            raise self.fail(f"mismatched tilings: {l_def.name}'s own loops are tiled")
-        l_body = l_def.body
-        for lp, a in zip(l_def.loops, l_read.idx):
-            l_body = subst_index(l_body, lp.var, Aff.of("__row_" + lp.var))
-        for lp, a in zip(l_def.loops, l_read.idx):
-            l_body = subst_index(l_body, "__row_" + lp.var, a)
+        l_def, l_body = self.denominator_at(prog, l_read)
         lparts = _tiled_sum(l_body)
         if lparts is None:
             raise self.fail(f"{l_def.name} is not a tiled sum like the numerator of {p.def_} (mismatched tilings)")
@@ -152,9 +145,8 @@ class OnlineAgg(Rule):
         facts["parts"] = (jo, ext, ji, t_ext, conds, score, value)
         return facts
 
-    def check_plain(self, prog: Program, p: OnlineAggParams, d, num: Expr, l_read: Read) -> Facts:
-        """One element of a softmax, exp(a - M) / L, with L a tiled sum of exp(s - M)."""
-        at_score, m_read = _exp_minus(num)
+    def denominator_at(self, prog: Program, l_read: Read):
+        """The denominator's definition and its body at the read's index (its loops untiled)."""
         l_def = prog.def_named(l_read.tensor)
         if l_def.store != tuple(Aff.of(lp.var) for lp in l_def.loops) or l_def.guard:
             raise self.fail(f"mismatched tilings: {l_def.name}'s own loops are tiled")
@@ -163,6 +155,12 @@ class OnlineAgg(Rule):
             l_body = subst_index(l_body, lp.var, Aff.of("__row_" + lp.var))
         for lp, a in zip(l_def.loops, l_read.idx):
             l_body = subst_index(l_body, "__row_" + lp.var, a)
+        return l_def, l_body
+
+    def check_plain(self, prog: Program, p: OnlineAggParams, d, num: Expr, l_read: Read) -> Facts:
+        """One element of a softmax, exp(a - M) / L, with L a tiled sum of exp(s - M)."""
+        at_score, m_read = _exp_minus(num)
+        l_def, l_body = self.denominator_at(prog, l_read)
         parts = _tiled_sum(l_body)
         if parts is None:
             raise self.fail(f"{l_def.name} is not a tiled sum sum(jo: sum(ji: [g] ? exp(s - M) : 0)); tile it first")
