@@ -77,15 +77,25 @@ class CompiledKernel:
         return self.kernel.name
 
     # -- shapes ---------------------------------------------------------------------------
-    def _shape(self, shapes: tuple[tuple[int, ...], ...]) -> _Shape:
-        got = self._shapes.get(shapes)
+    def _shape(self, shapes: tuple[tuple[int, ...], ...], given: tuple[tuple[str, int], ...] = ()) -> _Shape:
+        key = (shapes, given) if given else shapes
+        got = self._shapes.get(key)
         if got is None:
-            got = self._shapes[shapes] = self._geometry(shapes)
+            got = self._shapes[key] = self._geometry(shapes, dict(given))
         return got
 
-    def _geometry(self, shapes: tuple[tuple[int, ...], ...]) -> _Shape:
+    def _geometry(self, shapes: tuple[tuple[int, ...], ...], given: dict[str, int] | None = None) -> _Shape:
         fixed = self.kernel.fixed()
         sizes: dict[str, int] = dict(fixed)
+        dynamic = self.kernel.dynamic()
+        for name, n in (given or {}).items():
+            if name not in dynamic:
+                known = f"its dynamic sizes are {', '.join(dynamic)}" if dynamic else "it has no dynamic size"
+                what = "a fixed size of the kernel" if name in fixed else "not a size of the kernel"
+                raise ValueError(f"size {name}={n}: {what} ({known})")
+            if isinstance(n, bool) or not isinstance(n, int):
+                raise ValueError(f"size {name}={n!r}: an int is needed")
+            sizes[name] = n
         for t, shape in zip(self._ins, shapes):
             if len(shape) != len(t.dims):
                 raise ValueError(f"{t.name}: rank {len(shape)}, expected {len(t.dims)} [{', '.join(map(str, t.dims))}]")
@@ -93,12 +103,14 @@ class CompiledKernel:
                 if len(a.terms) == 1 and a.terms[0][1] == 1 and not a.const:
                     name = a.terms[0][0]
                     if name in sizes and sizes[name] != n:
-                        what = "the kernel was compiled for" if name in fixed else "an earlier operand has"
+                        what = ("the kernel was compiled for" if name in fixed else
+                                "the call passes" if name in (given or {}) else "an earlier operand has")
                         raise ValueError(f"{t.name}: dim {name} = {n} but {what} {name} = {sizes[name]}")
                     sizes[name] = n
         for n in self.kernel.dynamic():
             if n not in sizes:
-                raise ValueError(f"size {n} is not the extent of any input dimension; cannot infer it")
+                raise ValueError(f"size {n} is not the extent of any input dimension: pass it by name "
+                                 f"(kernel(..., {n}=...))")
             if not 0 <= sizes[n] < 2**31:
                 raise ValueError(f"size {n} = {sizes[n]} does not fit the kernel's int32 size argument")
         for t, shape in zip(self._ins, shapes):
@@ -178,7 +190,11 @@ class CompiledKernel:
                 got = self._maps[key] = cupy.asarray(np.frombuffer(encode(), dtype=np.uint8))
         return int(got.data.ptr)
 
-    def __call__(self, *xs: Any, out: Any = None) -> Any:
+    def __call__(self, *xs: Any, out: Any = None, **sizes: int) -> Any:
+        """Run on the inputs; dynamic sizes are read off their shapes, and a size no input's shape
+        determines (a window W in a mask) is passed by name: kernel(q, k, v, W=512)."""
+        if sizes:
+            return self._call(xs, out, tuple(sorted(sizes.items())))
         fast = self._call_torch(xs, out)
         return fast if fast is not None else self._call(xs, out)
 
@@ -215,7 +231,7 @@ class CompiledKernel:
                             (*ptrs, *geo.size_args))
         return out
 
-    def _call(self, xs: tuple, out: Any) -> Any:
+    def _call(self, xs: tuple, out: Any, given: tuple[tuple[str, int], ...] = ()) -> Any:
         if len(xs) != len(self._ins):
             raise ValueError(f"expected {len(self._ins)} inputs ({', '.join(t.name for t in self._ins)}), got {len(xs)}")
         views = [self._view(x, t) for x, t in zip(xs, self._ins)]
@@ -226,7 +242,7 @@ class CompiledKernel:
         if dev != self.device:
             raise ValueError(f"inputs are on device {dev}, the kernel was loaded on device {self.device}")
         shapes = tuple(tuple(v[1]) for v in views)
-        geo = self._shapes.get(shapes) or self._shape(shapes)
+        geo = self._shape(shapes, given)
         if kind == "torch" and self._torch_wants is None:
             self._torch_wants = tuple(self._torch_dtype(t.dtype) for t in self._ins)
             self._torch_out = self._torch_dtype(self._out.dtype)

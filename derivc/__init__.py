@@ -6,7 +6,9 @@
     attn = derivc.load("out/fa")                               # a directory `derivc build` wrote
 
 Dynamic sizes (batch, heads, sequence length) are read off the arguments at each call: one
-compiled kernel serves every value.  Fixed sizes (head dim) and dtypes must match the build.
+compiled kernel serves every value; a dynamic size no argument's shape determines (a sliding
+window's W) is passed by name, `attn(q, k, v, W=512)`.  Fixed sizes (head dim) and dtypes must
+match the build.
 `load` re-derives the kernel from the directory's derivation.json (replaying the schedule on the
 recorded spec, lowering and printing again) and refuses a directory whose kernel sources differ
 from what the derivation gives: what runs is what was derived.
@@ -54,8 +56,10 @@ class Kernel:
         self.inputs = tuple(t.name for t in printed.kernel.inputs)
         self._kernel = CompiledKernel(printed, cubins)
 
-    def __call__(self, *inputs: Any, out: Any = None) -> Any:
-        return self._kernel(*inputs, out=out)
+    def __call__(self, *inputs: Any, out: Any = None, **sizes: int) -> Any:
+        """Run on CuPy arrays or torch tensors; a dynamic size no input's shape determines (a
+        mask's window W) is passed by name: kernel(q, k, v, W=512)."""
+        return self._kernel(*inputs, out=out, **sizes)
 
     @property
     def name(self) -> str:

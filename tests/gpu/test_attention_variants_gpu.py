@@ -1,5 +1,6 @@
 """Attention variants (strict causal, sliding window, ALiBi, bias tensor) on the H200 against the
-spec in float64: odd lengths (1, 77, 333, 1000), fully masked rows, logits x8.
+spec in float64: odd lengths (1, 77, 333, 1000), fully masked rows, logits x8; a window W that is
+a kernel argument (`W: dynamic`, passed by name at the call) at several values.
 
 Each example is built as `derivc build` builds it; windows that cut at these lengths (W = 1, 100)
 and an f32 bias are the same specs with one size / dtype edited, and each variant also runs on the
@@ -28,6 +29,8 @@ def _variant(name: str, **edit) -> tuple[str, dict]:
     spec = yaml.safe_load((EX / f"{name}.yaml").read_text())
     if "W" in edit:
         spec["sizes"]["W"] = edit["W"]
+        if edit["W"] == "dynamic":
+            spec["check_sizes"]["W"] = 37
     if "bias_dtype" in edit:
         spec["inputs"]["Bias"]["dtype"] = edit["bias_dtype"]
     if "schedule" in edit:  # the same spec on another mapping (attention_bias has no mask to skip)
@@ -102,3 +105,27 @@ def test_rows_that_see_no_key_are_zero(built):
         xs = random_inputs_torch(d.programs[0], {"B": 1, "H": 2, "N": 333, "D": 128}, 3, 8.0)
         out = kernel(*[xs[t] for t in kernel.inputs])
         assert torch.count_nonzero(out[:, :, :1]) == 0 and torch.count_nonzero(out[:, :, 1:]) > 0, name
+
+
+@pytest.mark.parametrize("name,spec", [_variant("attention_sliding_window", W="dynamic"),
+                                       _variant("attention_sliding_window", W="dynamic", schedule="flash_attention")],
+                         ids=["wgmma", "mma_sync"])
+def test_window_passed_at_the_call(built, name, spec):
+    """One kernel, W given by name at each call (no input's shape holds it): W = 1, 100, 1024 at
+    N = 1000, against float64; leaving W out is refused by name before any launch."""
+    from codegen.run_cmd import TOLERANCE, random_inputs_torch
+    from compiler.interp import rel_error, run_program
+
+    derivation, kernel = built(name, spec)
+    program = derivation.programs[0]
+    assert "W" in kernel.kir.dynamic()
+    sizes = {"B": 2, "H": 3, "N": 1000, "D": 128}
+    xs = random_inputs_torch(program, {**sizes, "W": 1}, 4, 8.0)
+    args = [xs[t] for t in kernel.inputs]
+    with pytest.raises(ValueError, match="pass it by name"):
+        kernel(*args)
+    for w in (1, 100, 1024):
+        got = kernel(*args, W=w).double().cpu().numpy()
+        ref = run_program(program, {**sizes, "W": w}, {k: x.double().cpu().numpy() for k, x in xs.items()})[program.output]
+        err = rel_error(got, ref)
+        assert err <= TOLERANCE["f16"], f"{name} W={w}: rel error {err:.3e}"
