@@ -108,8 +108,9 @@ class StrictLoader(yaml.SafeLoader):
             key = self.construct_object(key_node, deep=True)
             line = key_node.start_mark.line + 1
             try:
-                if key in seen:
-                    raise SpecError(f"line {line}", f"duplicate key {key!r} (first at line {seen[key]})")
+                if key in seen:  # named as written (`true:` is the key True, `null:` None)
+                    shown = key_node.value if isinstance(key_node, yaml.ScalarNode) else key
+                    raise SpecError(f"line {line}", f"duplicate key {shown!r} (first at line {seen[key]})")
                 seen[key] = line
             except TypeError:  # an unhashable key: reported by the base class
                 continue

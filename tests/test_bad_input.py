@@ -398,8 +398,10 @@ def test_a_sum_within_the_limits_builds(tmp_path: Path):
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.from_regex(r"[a-z]{1,6}", fullmatch=True), min_size=1, max_size=6, unique=True), st.data())
+@given(st.lists(st.from_regex(r"[a-z]{1,6}", fullmatch=True) | st.sampled_from(["true", "false", "null"]),
+                min_size=1, max_size=6, unique=True), st.data())
 def test_any_duplicate_key_is_named_with_its_line(keys, data):
+    """Named as written, also where YAML reads the key as a boolean or null."""
     from compiler.errors import SpecError
 
     dup = data.draw(st.sampled_from(keys))
