@@ -372,8 +372,8 @@ def _small_spec(name: str, tmp: Path) -> Path:
 @needs_coqc
 @pytest.mark.parametrize("name", ["softmax_two_pass", "softmax_online"])
 def test_softmax_schedules_pass_coqc_at_a_small_row(tmp_path, coq_lib, name):
-    """Every obligation of the softmax schedules, at C = 64 (at 8192 coqc needs minutes for
-    split_softmax's step: tests/test_obligations.py skips them there)."""
+    """Every obligation of the softmax schedules at C = 64 as well (tests/test_obligations.py
+    checks the examples' own 8192)."""
     path = _small_spec(name, tmp_path)
     ok = _obligations(derive(load_spec_file(path), str(path), seed=1), tmp_path, coq_lib, every=True)
     assert len(ok) >= 5 and all(ok.values()), ok
