@@ -10,7 +10,7 @@ from dataclasses import replace
 from compiler.machine import DEVICE, DTYPES
 
 from codegen.grid import block_index_c
-from codegen.plan import AttentionPlan, ContractionPlan, Operand, Plan, inputs, output
+from codegen.plan import AttentionPlan, ContractionPlan, GridAxis, Operand, Plan, inputs, output
 from codegen.source import KernelSource
 from codegen.templates_env import render_template
 
@@ -65,14 +65,19 @@ def block_indices(plan: Plan, sz: Sizes) -> dict[str, str]:
     return block_index_c([(g.loop, sz.extent(g.dim, g.tile), g.axis) for g in plan.grid])
 
 
-def tile_index(plan: Plan, dim: str, tile: int, sz: Sizes) -> str:
-    """C block index of the grid loop that tiles `dim` by `tile`."""
+def _tiling(plan: Plan, dim: str, tile: int) -> GridAxis:
+    """The grid entry that tiles `dim` by `tile`."""
     for g in plan.grid:
         if g.dim == dim:
             if g.tile != tile:
                 raise ValueError(f"grid axis for {dim!r} tiles by {g.tile}, plan block is {tile}")
-            return block_indices(plan, sz)[g.loop]
+            return g
     raise ValueError(f"dim {dim!r} has no grid axis")
+
+
+def tile_index(plan: Plan, dim: str, tile: int, sz: Sizes) -> str:
+    """C block index of the grid loop that tiles `dim` by `tile`."""
+    return block_indices(plan, sz)[_tiling(plan, dim, tile).loop]
 
 
 def alone_on_axis(plan: Plan, loop: str) -> bool:
@@ -80,18 +85,23 @@ def alone_on_axis(plan: Plan, loop: str) -> bool:
     return sum(g.axis == axis for g in plan.grid) == 1
 
 
+def loop_block_var(loop: str) -> str:
+    """The C variable holding an attention batch loop's block index (attn_addressing declares it)."""
+    return f"bi_{ident(loop)}"
+
+
 def attn_addressing(p: AttentionPlan, sz: Sizes) -> dict:
     """Block-index declarations of the batch loops, and per operand (q, k, v, o) its batch
     offset and row stride (`ld_*`), read off the operands' roles: any row-major layout whose
     head dim is innermost ([B, H, N, D], [B, N, H, D], GQA's shared K / V heads)."""
     bidx = block_indices(p, sz)
-    decls = [f"const long long bi_{ident(g.loop)} = {bidx[g.loop]};" for g in p.grid if g.tile == 1]
+    decls = [f"const long long {loop_block_var(g.loop)} = {bidx[g.loop]};" for g in p.grid if g.tile == 1]
     ctx: dict = {"batch_decls": decls}
     for key, op in (("q", p.q), ("k", p.k), ("v", p.v), ("o", p.o)):
         roles = op_roles(op)
         if roles[-1] != "head":
             raise ValueError(f"operand {op.name}: the head dim must be innermost (stride 1)")
-        terms = [f"bi_{ident(r)} * {sz.stride_at(op, i)}" for i, r in enumerate(roles) if r not in ("seq", "head")]
+        terms = [f"{loop_block_var(r)} * {sz.stride_at(op, i)}" for i, r in enumerate(roles) if r not in ("seq", "head")]
         ctx[f"off_{key}"] = " + ".join(terms) if terms else "0"
         ctx[f"ld_{key}"] = sz.stride_at(op, roles.index("seq"))
     return ctx
@@ -178,12 +188,7 @@ def batch(plan: Plan, sz: Sizes, ops: dict[str, Operand]) -> tuple[list[str], di
 
 
 def tile_axis(plan: Plan, dim: str, tile: int) -> str:
-    for g in plan.grid:
-        if g.dim == dim:
-            if g.tile != tile:
-                raise ValueError(f"grid axis for {dim!r} tiles by {g.tile}, plan block is {tile}")
-            return g.axis
-    raise ValueError(f"dim {dim!r} has no grid axis")
+    return _tiling(plan, dim, tile).axis
 
 
 def contraction_grid_ctx(p: ContractionPlan, sz: Sizes) -> dict:

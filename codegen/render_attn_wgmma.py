@@ -41,8 +41,8 @@ same process as torch SDPA FLASH (FA2) and CUDNN:
 from __future__ import annotations
 
 import math
-from codegen.ctx_common import (DEFAULT_OPTIONS, Sizes, alone_on_axis, attn_addressing, batch_groups, ident, params,
-                                source, tile_index, with_roles)
+from codegen.ctx_common import (DEFAULT_OPTIONS, Sizes, alone_on_axis, attn_addressing, batch_groups, ident,
+                                loop_block_var, params, source, tile_index, with_roles)
 from codegen.source import KernelSource
 from compiler.machine import DEVICE, DTYPES
 from codegen.plan import AttentionPlan, check_plan
@@ -118,9 +118,9 @@ def _context(p: AttentionPlan, mask: dict, overlap: bool) -> dict:
     for key, op in (("q", p.q), ("k", p.k), ("v", p.v)):
         coords = []
         for run in batch_groups(op):
-            c = f"bi_{ident(op.roles[run[0]])}"
+            c = loop_block_var(op.roles[run[0]])
             for i in run[1:]:
-                c = f"({c}) * {sz.expr(op.dims[i])} + bi_{ident(op.roles[i])}"
+                c = f"({c}) * {sz.expr(op.dims[i])} + {loop_block_var(op.roles[i])}"
             coords.append(f"(int)({c})")
         ctx[f"{key}_rank"] = 2 + len(coords)
         ctx[f"{key}_coords"] = "".join(", " + c for c in coords)

@@ -76,6 +76,19 @@ def run_cli(args: list[str]) -> tuple[int, str, str]:
     return rc, out.getvalue(), err.getvalue()
 
 
+def build_spec(tmp_path: Path, spec: dict | Path, *extra: str) -> tuple[int, str, Path]:
+    """`derivc build` a spec (a dict is written to TMP/<name>.yaml first) into TMP/<stem>.build
+    without proofs, seed 3 → (exit code, stderr, output directory)."""
+    if isinstance(spec, dict):
+        path = tmp_path / f"{spec['name']}.yaml"
+        path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    else:
+        path = spec
+    out = tmp_path / (path.stem + ".build")
+    rc, _, err = run_cli(["build", str(path), "-o", str(out), "--no-proofs", "--seed", "3", *extra])
+    return rc, err, out
+
+
 def assert_fails(yaml_text: str, code: int, *fragments: str, name: str = "bad.yaml") -> str:
     """Build `yaml_text`; assert exit `code`, one error line naming the file and every
     fragment (case-insensitive), and nothing left in the output's parent.  Returns the line."""

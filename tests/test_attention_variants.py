@@ -13,8 +13,6 @@ tensor-core fold mappings, without a GPU.
 """
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import random
 import shutil
@@ -27,27 +25,14 @@ import yaml
 from codegen.lower import lower
 from codegen.mappings import online_fold
 from codegen.nvrtc import nvrtc_available
-from compiler.cli import main as cli_main
 from compiler.derive import derive
 from compiler.ir import Bin, Un
 from compiler.spec import load_spec_file
+from derivc_testing import build_spec as build
 
 ROOT = Path(__file__).resolve().parents[1]
 EX = ROOT / "examples"
 VARIANTS = ["attention_strict_causal", "attention_sliding_window", "attention_alibi", "attention_bias"]
-
-
-def build(tmp_path: Path, spec: dict | Path) -> tuple[int, str, Path]:
-    if isinstance(spec, dict):
-        path = tmp_path / f"{spec['name']}.yaml"
-        path.write_text(yaml.safe_dump(spec, sort_keys=False))
-    else:
-        path = spec
-    out = tmp_path / (path.stem + ".build")
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        code = cli_main(["build", str(path), "-o", str(out), "--no-proofs", "--seed", "3"])
-    return code, err.getvalue(), out
 
 
 @pytest.mark.skipif(not nvrtc_available(), reason="no NVRTC")

@@ -14,30 +14,14 @@ from codegen.kir import Compute, TileLoop
 from codegen.lower import LoweringError, lower
 from codegen.mappings import print_kernel
 from codegen.ctx_common import DEFAULT_OPTIONS
-from compiler.cli import main as cli_main
 from compiler.derive import derive
 from compiler.ir import Bin, Const, Read, Select
 from compiler.spec import load_spec_file
+from derivc_testing import build_spec as build
 from specgen import simt_nocache
 
 ROOT = Path(__file__).resolve().parents[1]
 EX = ROOT / "examples"
-
-
-def build(tmp_path: Path, spec: dict | Path, *extra: str) -> tuple[int, str, Path]:
-    import contextlib
-    import io
-
-    if isinstance(spec, dict):
-        path = tmp_path / f"{spec['name']}.yaml"
-        path.write_text(yaml.safe_dump(spec, sort_keys=False))
-    else:
-        path = spec
-    out = tmp_path / (path.stem + ".build")
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        code = cli_main(["build", str(path), "-o", str(out), "--no-proofs", "--seed", "3", *extra])
-    return code, err.getvalue(), out
 
 
 def example(name: str, **edits) -> dict:

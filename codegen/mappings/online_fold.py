@@ -38,7 +38,7 @@ from compiler.ir import Aff, Bin, Cond, Const, Expr, Ext, IndexValue, Read, Redu
 from compiler.printer import show_expr
 
 from ..kir import Compute, Kernel, Stage, TileLoop
-from ..ctx_common import ident
+from ..ctx_common import loop_block_var
 from ..plan import AttentionPlan, Operand
 from ..render import render_fold
 from ..render_attn_wgmma import encode_attn_tensor_maps, render_attn_wgmma
@@ -339,7 +339,7 @@ def mask_context(mask: FoldMask, plan: AttentionPlan) -> dict:
 
     sizes = c_sizes(tuple(plan.fixed) + tuple((n, None) for n in plan.dynamic))
     bn, bm = plan.block_n, plan.block_m
-    batch = {g: f"bi_{ident(g)}" for g, _ in mask.batch}  # ctx_common.attn_addressing's block indices
+    batch = {g: loop_block_var(g) for g, _ in mask.batch}
 
     def names(row: str, col: str, ktile: str) -> dict[str, str]:
         return {**sizes, **batch, mask.row: f"({row} - q0)", mask.col: f"({col} - ({ktile}) * {bn})",

@@ -27,13 +27,12 @@ more than one dimension, a shared-memory row, or a dynamic row length is refused
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from compiler.ir import Aff, Bin, Const, Expr, IndexValue, Read, Reduce, Select, Un, walk
 from compiler.machine import DTYPES
 
-from ..cexpr import aff_c, conds_c, index_value_c, size_names, unary_c
+from ..cexpr import aff_c, conds_c, float_const_c, index_value_c, size_names, unary_c
 from ..kir import Compute, Kernel, Stage, TileLoop
 from ..lower import UnsupportedMapping
 from ..source import KernelSource, Launch
@@ -233,9 +232,7 @@ class _Printer:
 
         def go(x: Expr) -> str:
             if isinstance(x, Const):
-                if math.isinf(x.value):
-                    return "neg_inf()" if x.value < 0 else "(-neg_inf())"
-                return f"{float(x.value)!r}f"
+                return float_const_c(x.value)
             if isinstance(x, Read):
                 if x.tensor in self.cached:
                     if x.idx != (column,):
@@ -307,9 +304,7 @@ class _Printer:
     # ------------------------------------------------------------------ per-row (scalar) values
     def scalar(self, e: Expr) -> str:
         if isinstance(e, Const):
-            if math.isinf(e.value):
-                return "neg_inf()" if e.value < 0 else "(-neg_inf())"
-            return f"{float(e.value)!r}f"
+            return float_const_c(e.value)
         if isinstance(e, Read):
             if e.tensor in self.scalars and not e.idx:
                 return f"sc_{e.tensor}"

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from compiler.ir import Aff, Bin, Const, Expr, IndexValue, Read, Reduce, Select, Un, free_indices, walk
 from compiler.machine import DEVICE, DTYPES
 
-from ..cexpr import aff_c, conds_c, ext_c, index_value_c, size_names, unary_c
+from ..cexpr import aff_c, conds_c, ext_c, float_const_c, index_value_c, size_names, unary_c
 from ..grid import block_index_c
 from ..kir import Buffer, Compute, Kernel, Stage, Stmt, TileLoop
 from ..lower import UnsupportedMapping
@@ -98,9 +98,7 @@ class _Printer:
 
     def ex(self, e: Expr, names: dict[str, str]) -> str:
         if isinstance(e, Const):
-            if math.isinf(e.value):
-                return "neg_inf()" if e.value < 0 else "(-neg_inf())"
-            return f"{float(e.value)!r}f"
+            return float_const_c(e.value)
         if isinstance(e, Read):
             if e.tensor in self.states:
                 return f"st_{e.tensor}[q]"
