@@ -1,0 +1,7 @@
+"""Run an emitted kernel.cu on the CPU: the very text NVRTC compiles, compiled by the host g++
+against an emulation layer (codegen/emu/include): threads as cooperative fibers with the real
+semantics of barriers, mbarriers, warp / warpgroup collectives and asynchronous copies."""
+from .compile import EmuCompileError
+from .launch import SCHEDULES, EmuError, EmuModule, compile_emulated
+
+__all__ = ["EmuCompileError", "EmuError", "EmuModule", "SCHEDULES", "compile_emulated"]
