@@ -62,7 +62,7 @@ inline int __ffs(int x) { return __builtin_ffs(x); }
 
 // ---------------------------------------------------------------- the execution model
 void __syncthreads();
-inline void __syncwarp(unsigned = 0xffffffffu) {}
+void __syncwarp(unsigned mask = 0xffffffffu);
 inline void __threadfence_block() {}
 inline void __threadfence() {}
 

@@ -86,7 +86,7 @@ struct Fiber {
 
 struct Barrier { int count, arrived; unsigned gen; };
 
-enum CollKind { COLL_NONE = 0, COLL_SHFL, COLL_LDSM, COLL_MMA, COLL_WGMMA };
+enum CollKind { COLL_NONE = 0, COLL_SHFL, COLL_LDSM, COLL_MMA, COLL_WGMMA, COLL_SYNCWARP };
 
 struct Rendezvous {
     int kind;
@@ -253,6 +253,7 @@ const char* coll_name(int kind) {
         case COLL_LDSM: return "ldmatrix";
         case COLL_MMA: return "mma.sync";
         case COLL_WGMMA: return "wgmma.mma_async";
+        case COLL_SYNCWARP: return "__syncwarp";
         default: return "nothing";
     }
 }
@@ -952,6 +953,13 @@ const char* launch(void (*thunk)(void**), void** args, int gx, int gy, int gz, i
 }
 
 }  // namespace derivc_emu
+
+void __syncwarp(unsigned mask) {
+    using namespace derivc_emu;
+    Fiber& f = me();
+    Rendezvous& r = join(g->warps[f.tid / 32], COLL_SYNCWARP, mask, lane_of(f.tid), 32, "bar.warp.sync");
+    rendezvous(r, [](Rendezvous&) {});
+}
 
 void __syncthreads() {
     derivc_emu::me();
