@@ -400,3 +400,28 @@ def test_guard_zones_catch_a_write_past_the_end():
     assert (buf.data() == POISON).all()
     with pytest.raises(EmuError, match=r"wrote outside O: 4 bytes after it changed \(first at byte offset 256\)"):
         buf.check_guards()
+
+
+def test_tma_issued_after_its_waiters_blocked_wakes_them():
+    # warp 1 waits while only the transaction count is missing and no load is in flight yet;
+    # warp 0 issues the load after a named barrier with warp 2
+    x = np.arange(16 * 8, dtype=np.float16).reshape(8, 16)
+    raw = encode_tiled_emulated("f16", x.ctypes.data, [16, 8], [16, 8], swizzle="none")
+    maps = np.zeros(192, np.uint8)
+    at = -maps.ctypes.data % 64
+    maps[at:at + 128] = np.frombuffer(raw, np.uint8)
+    y = np.zeros(32, np.float32)
+    mod = kernel("""
+    const int t = threadIdx.x, w = t / 32;
+    const unsigned base = derivc_emu::smem_addr(smem_);
+    const unsigned bar = (base + 7) / 8 * 8, tile = (base + 8 + 127) / 128 * 128;
+    if (t == 0) { derivc_emu::mbar_init(bar, 1); derivc_emu::mbar_arrive_expect_tx(bar, 256); }
+    __syncthreads();
+    if (w == 0 || w == 2) derivc_emu::bar_sync(1, 64);
+    if (t == 0) { const int c[2] = {0, 0}; derivc_emu::tma_load(tile, map, bar, 2, c); }
+    if (w == 1) {
+        derivc_emu::mbar_wait_parity(bar, 0);
+        y[t - 32] = derivc_emu::cvt_f32_f16(reinterpret_cast<const unsigned short*>(smem_ + (tile - base))[t]);
+    }""", "const void* map, float* __restrict__ y")
+    run(mod, [maps.ctypes.data + at, y], smem=4096)
+    assert np.array_equal(y, x.reshape(-1)[32:64])

@@ -853,7 +853,7 @@ void tma_load(unsigned dst, const void* tensor_map, unsigned bar, int rank, cons
     if (rank < 1 || rank > 5) fail("cp.async.bulk.tensor.%dd", rank);
     if (reinterpret_cast<std::uintptr_t>(tensor_map) % 64) fail("TMA: the tensor map is not 64-byte aligned");
     if (dst % 128) fail("TMA: destination 0x%x is not 128-byte aligned", dst);
-    find_mbar(bar, "cp.async.bulk.tensor (its mbarrier)");
+    Mbar* m = find_mbar(bar, "cp.async.bulk.tensor (its mbarrier)");
     check_smem(dst, 1, "cp.async.bulk.tensor");
     const unsigned bytes = ops::tma_load_tile(*static_cast<const ops::TensorMap*>(tensor_map),
                                               reinterpret_cast<const std::int32_t*>(coords), g->window,
@@ -870,6 +870,7 @@ void tma_load(unsigned dst, const void* tensor_map, unsigned bar, int rank, cons
     Tma** tail = &g->tmas;
     while (*tail) tail = &(*tail)->next;
     *tail = t;
+    wake(m);  // a waiter blocked on the transaction count can land it now
     maybe_yield();
 }
 
