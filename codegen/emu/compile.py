@@ -4,8 +4,9 @@
         derivc_emu_runtime.o -shared -fPIC -o k.so
 
 The runtime (fibers, barriers, async queues, the instruction semantics) is compiled once into an
-object file cached by its own hash; a kernel compile parses only the lean derivc_emu.h and the
-kernel.  Cache: ``$DERIVC_CACHE_DIR/emu`` else ``~/.cache/derivc/emu``; keys cover the source,
+object file cached by its own hash, and derivc_emu.h once into a precompiled header (it pulls in
+<cmath>, which costs more to parse than a kernel); a kernel compile then reads the .gch, compiles
+the kernel at -O1 and links (a cold cache builds the runtime in parallel with the rest).  Cache: ``$DERIVC_CACHE_DIR/emu`` else ``~/.cache/derivc/emu``; keys cover the source,
 the entry, every file of the include directories, the flags and the g++ version; files are
 written to a temp name in the same directory and moved into place (os.replace), so a reader
 never sees a half-written .so.
@@ -16,6 +17,7 @@ import hashlib
 import os
 import subprocess
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from pathlib import Path
 
@@ -115,20 +117,34 @@ def runtime_object(include_dirs: tuple[str, ...] = ()) -> Path:
     return _build(out, argv, "derivc_emu_runtime.cpp")
 
 
+def precompiled_header(include_dirs: tuple[str, ...] = ()) -> Path:
+    """A directory holding derivc_emu.h.gch for the kernel flags (cached); put it first on -I."""
+    dirs = _includes(include_dirs)
+    key = _key("pch", _dir_digest(dirs), " ".join(KERNEL_FLAGS), _cxx_version())
+    out = emu_cache_dir() / f"pch-{key[:32]}" / "derivc_emu.h.gch"
+    if out.exists():
+        return out.parent
+    argv = [CXX, *KERNEL_FLAGS, *(f"-I{d}" for d in dirs), "-x", "c++-header", str(INCLUDE / "derivc_emu.h")]
+    return _build(out, argv, "derivc_emu.h (precompiled)").parent
+
+
 def compile_shared(source: str, entry: str, include_dirs: tuple[str, ...] = ()) -> Path:
     """The path of the cached .so of `source` with its launch stub for `entry`."""
     if not entry.isidentifier():
         raise ValueError(f"kernel entry {entry!r} is not a C identifier")
     dirs = _includes(include_dirs)
-    runtime = runtime_object(include_dirs)
     key = _key("kernel", source, entry, _dir_digest(dirs), " ".join(KERNEL_FLAGS), _cxx_version())
     out = emu_cache_dir() / f"{entry[:40]}-{key[:32]}.so"
     if out.exists():
         return out
     text = '#line 1 "kernel.cu"\n' + source + "\n" + _STUB.replace("ENTRY", entry)
-    with tempfile.TemporaryDirectory(prefix="derivc-emu-") as tmp:
-        src = Path(tmp) / "kernel_emu.cpp"
+    with ThreadPoolExecutor(max_workers=1) as pool, tempfile.TemporaryDirectory(prefix="derivc-emu-") as tmp:
+        runtime = pool.submit(runtime_object, include_dirs)
+        pch = precompiled_header(include_dirs)
+        src, obj = Path(tmp) / "kernel_emu.cpp", Path(tmp) / "kernel_emu.o"
         src.write_text(text)
-        argv = [CXX, *KERNEL_FLAGS, *(f"-I{d}" for d in dirs), "-include", "derivc_emu.h", "-x", "c++", str(src),
-                "-x", "none", str(runtime), "-shared"]
-        return _build(out, argv, entry)
+        r = subprocess.run([CXX, *KERNEL_FLAGS, f"-I{pch}", *(f"-I{d}" for d in dirs), "-include", "derivc_emu.h",
+                            "-x", "c++", "-c", str(src), "-o", str(obj)], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise EmuCompileError(f"{entry}: g++ failed:\n{r.stderr[-6000:]}")
+        return _build(out, [CXX, str(obj), str(runtime.result()), "-shared"], entry)
