@@ -380,6 +380,16 @@ def test_shared_memory_is_poisoned_at_block_start():
     assert np.isnan(y).all()
 
 
+def test_static_shared_is_poisoned_at_block_start():
+    y = np.zeros(4, np.float32)
+    run(kernel("""
+    __shared__ float red[8];
+    if (threadIdx.x == 0) { y[2 * blockIdx.x] = red[5]; red[5] = 1.0f; }
+    __syncthreads();
+    if (threadIdx.x == 1) y[2 * blockIdx.x + 1] = red[5];"""), [y], grid=(2, 1, 1))
+    assert np.isnan(y[0::2]).all() and (y[1::2] == 1.0).all()
+
+
 def test_wgmma_never_waited_and_setmaxnreg():
     with pytest.raises(EmuError, match=r"wgmma.mma_async \(m64n16k16, group 0\) issued and never waited"):
         run(kernel("""
@@ -527,3 +537,33 @@ def test_kernel_mutations_show(name, sizes, mutation):
     assert all(isinstance(e, float) for e in emulate(name, sizes=sizes, orders=("forward",))[0].values())
     errs, tol = emulate(name, sizes=sizes, mutate=mutation)
     assert any(not isinstance(e, float) or not e < tol for e in errs.values()), errs
+
+
+# ---------------------------------------------------------------- tensor maps: one computation, two encodings
+def test_tensor_map_parameters_reach_both_encoders(monkeypatch):
+    import ctypes
+
+    from codegen import tma
+    from codegen.emu.tensor_map import decode_emulated
+
+    calls = []
+
+    class FakeDriver:
+        @staticmethod
+        def cuTensorMapEncodeTiled(out, dtype, rank, ptr, dims, strides, box, es, *rest):
+            n = rank.value
+            calls.append((dtype.value, n, ptr.value, list(dims), list(strides)[:n - 1], list(box), [r.value for r in rest]))
+            ctypes.memset(out.value, 0xAB, 128)
+            return 0
+
+    monkeypatch.setattr(tma, "_libcuda", lambda: FakeDriver)
+    m = tma.tiled_map("f16", 4096, [72, 150, 3], [64, 128, 1])
+    assert m.strides_elems == (72, 72 * 150) and not m.strided
+    assert tma.encode_driver(m) == b"\xab" * 128
+    assert calls == [(6, 3, 4096, [72, 150, 3], [144, 144 * 150], [64, 128, 1], [0, 3, 3, 0])]
+    view = tma.tiled_map("bf16", 8192, [128, 200, 2], [64, 128, 1], [256, 128 * 200 * 2])
+    fields = decode_emulated(tma.encode_emulated(view))
+    assert fields.dims == (128, 200, 2) and fields.box == (64, 128, 1)
+    assert fields.strides == (2, 512, 2 * 128 * 200 * 2)
+    with pytest.raises(ValueError, match="multiples of 16 bytes"):
+        tma.tiled_map("f16", 0, [72, 150], [64, 128], [4])

@@ -19,7 +19,8 @@
 #define __launch_bounds__(...)
 #define __align__(n) alignas(n)
 #define __restrict__ __restrict
-#define __shared__ static  // static storage: one block runs at a time
+// static storage (one block runs at a time) in a section of its own, poisoned at every block start
+#define __shared__ __attribute__((section("derivc_emu_static_shared"))) static
 #define __constant__ static const
 
 #define DERIVC_DYNAMIC_SMEM(name, A) unsigned char* const name = derivc_emu::dynamic_smem()

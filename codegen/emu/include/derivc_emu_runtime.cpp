@@ -25,6 +25,11 @@ uint3 blockIdx;
 dim3 blockDim;
 dim3 gridDim;
 
+// the kernel's static __shared__ variables (derivc_emu.h puts them in this section; the linker
+// names its bounds; absent when the kernel has none)
+extern unsigned char __start_derivc_emu_static_shared[] __attribute__((weak));
+extern unsigned char __stop_derivc_emu_static_shared[] __attribute__((weak));
+
 extern "C" void derivc_emu_switch(void** save_sp, void* to_sp);
 asm(R"(
 .text
@@ -490,6 +495,9 @@ Fiber* pick(int& cursor) {
 
 void run_block() {
     std::memset(g->window, 0xFF, g->window_size);  // shared memory is garbage at block start
+    if (__start_derivc_emu_static_shared && __stop_derivc_emu_static_shared > __start_derivc_emu_static_shared)
+        std::memset(__start_derivc_emu_static_shared, 0xFF,
+                    __stop_derivc_emu_static_shared - __start_derivc_emu_static_shared);
     std::memset(g->bars, 0, sizeof g->bars);
     std::memset(g->warps, 0, sizeof(Rendezvous) * g->nwarps);
     std::memset(g->groups, 0, sizeof(Rendezvous) * ((g->nthreads + 127) / 128));
