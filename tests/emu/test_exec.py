@@ -203,6 +203,7 @@ TMA = """
     __syncthreads();
     if (t == 0) {
         const int c[2] = {0, 4};
+        std::memset(smem_ + (tile - base), 0, 8 * 16 * 2);  // the load poisons what was there at issue
         derivc_emu::mbar_arrive_expect_tx(bar, {expect});
         derivc_emu::tma_load(tile, map, bar, 2, c);
     }
@@ -320,6 +321,8 @@ def test_ring_mutations_are_caught(mutation):
 CP = """
     const int t = threadIdx.x;
     const unsigned dst = derivc_emu::smem_addr(smem_) + 16 * t;
+    const float before[4] = {7.0f, 7.0f, 7.0f, 7.0f};
+    derivc_emu::st_shared(dst, before, 16);  // the copy poisons what was there at issue
     derivc_emu::cp_async_cg16(dst, x + 4 * t, t < 100 ? 16 : 4);
     derivc_emu::cp_async_commit_group();
     {wait}
