@@ -3,8 +3,8 @@
     g++ -std=c++17 -O1 -fno-strict-aliasing -DDERIVC_EMU -include derivc_emu.h kernel.cu+stub \
         derivc_emu_runtime.o -shared -fPIC -o k.so
 
-The runtime (fibers, barriers, async queues, the instruction semantics) is compiled once into an
-object file cached by its own hash, and derivc_emu.h once into a precompiled header (it pulls in
+The runtime (fibers, barriers, async queues, the instruction semantics) is compiled once into
+object files cached by their own hash, and derivc_emu.h once into a precompiled header (it pulls in
 <cmath>, which costs more to parse than a kernel); a kernel compile then reads the .gch, compiles
 the kernel at -O1 and links (a cold cache builds the runtime in parallel with the rest).  Cache: ``$DERIVC_CACHE_DIR/emu`` else ``~/.cache/derivc/emu``; keys cover the source,
 the entry, every file of the include directories, the flags and the g++ version; files are
@@ -27,7 +27,8 @@ INCLUDE = Path(__file__).resolve().parent / "include"
 CXX = os.environ.get("DERIVC_EMU_CXX", "g++")
 _COMMON = ("-std=c++17", "-fno-strict-aliasing", "-fPIC", "-fvisibility=hidden", "-DDERIVC_EMU",
            "-fno-exceptions", "-fno-rtti")
-KERNEL_FLAGS = _COMMON + ("-O1", "-w")
+# stack-clash probes: a frame larger than the fiber stack touches its guard page, never a neighbour's stack
+KERNEL_FLAGS = _COMMON + ("-O1", "-w", "-fstack-clash-protection")
 RUNTIME_FLAGS = _COMMON + ("-O2",)
 _FORMAT = 1
 
@@ -106,15 +107,23 @@ def _includes(extra: tuple[str, ...]) -> tuple[Path, ...]:
     return (INCLUDE,) + tuple(Path(d) for d in extra)
 
 
-def runtime_object(include_dirs: tuple[str, ...] = ()) -> Path:
-    """The compiled runtime (cached)."""
+RUNTIME_SOURCES = ("derivc_emu_runtime.cpp", "derivc_emu_instr.cpp")
+
+
+def runtime_objects(include_dirs: tuple[str, ...] = ()) -> tuple[Path, ...]:
+    """The compiled runtime, one object per source (cached; compiled in parallel when missing)."""
     dirs = _includes(include_dirs)
     key = _key("runtime", _dir_digest(dirs), " ".join(RUNTIME_FLAGS), _cxx_version())
-    out = emu_cache_dir() / f"runtime-{key[:32]}.o"
-    if out.exists():
-        return out
-    argv = [CXX, *RUNTIME_FLAGS, *(f"-I{d}" for d in dirs), "-c", str(INCLUDE / "derivc_emu_runtime.cpp")]
-    return _build(out, argv, "derivc_emu_runtime.cpp")
+    outs = tuple(emu_cache_dir() / f"{Path(src).stem}-{key[:32]}.o" for src in RUNTIME_SOURCES)
+
+    def one(src: str, out: Path) -> Path:
+        if out.exists():
+            return out
+        argv = [CXX, *RUNTIME_FLAGS, *(f"-I{d}" for d in dirs), "-c", str(INCLUDE / src)]
+        return _build(out, argv, src)
+
+    with ThreadPoolExecutor(max_workers=len(outs)) as pool:
+        return tuple(pool.map(one, RUNTIME_SOURCES, outs))
 
 
 def precompiled_header(include_dirs: tuple[str, ...] = ()) -> Path:
@@ -139,7 +148,7 @@ def compile_shared(source: str, entry: str, include_dirs: tuple[str, ...] = ()) 
         return out
     text = '#line 1 "kernel.cu"\n' + source + "\n" + _STUB.replace("ENTRY", entry)
     with ThreadPoolExecutor(max_workers=1) as pool, tempfile.TemporaryDirectory(prefix="derivc-emu-") as tmp:
-        runtime = pool.submit(runtime_object, include_dirs)
+        runtime = pool.submit(runtime_objects, include_dirs)
         pch = precompiled_header(include_dirs)
         src, obj = Path(tmp) / "kernel_emu.cpp", Path(tmp) / "kernel_emu.o"
         src.write_text(text)
@@ -147,4 +156,4 @@ def compile_shared(source: str, entry: str, include_dirs: tuple[str, ...] = ()) 
                             "-x", "c++", "-c", str(src), "-o", str(obj)], capture_output=True, text=True)
         if r.returncode != 0:
             raise EmuCompileError(f"{entry}: g++ failed:\n{r.stderr[-6000:]}")
-        return _build(out, [CXX, str(obj), str(runtime.result()), "-shared"], entry)
+        return _build(out, [CXX, str(obj), *map(str, runtime.result()), "-shared"], entry)

@@ -570,3 +570,17 @@ def test_tensor_map_parameters_reach_both_encoders(monkeypatch):
     assert fields.strides == (2, 512, 2 * 128 * 200 * 2)
     with pytest.raises(ValueError, match="multiples of 16 bytes"):
         tma.tiled_map("f16", 0, [72, 150], [64, 128], [4])
+
+
+def test_a_wild_access_or_a_stack_overflow_fails_the_launch_not_the_process():
+    y = np.zeros(4, np.float32)
+    with pytest.raises(EmuError, match=r"thread 3 \(warp 0 lane 3\): invalid memory access at address 0x[0-9a-f]+, "
+                                       r"outside every buffer"):
+        run(kernel("if (threadIdx.x == 3) y[(long long)n << 36] = 1.0f;", "float* __restrict__ y, int n"), [y, 1])
+    with pytest.raises(EmuError, match=r"thread 0: stack overflow"):
+        run(kernel("""
+        volatile float big[1 << 16];
+        big[threadIdx.x] = 1.0f;
+        y[threadIdx.x & 3] = big[(threadIdx.x * 7) & 1023];""", "float* __restrict__ y"), [y])
+    run(kernel("y[threadIdx.x & 3] = 2.0f;"), [y])  # the module (and the process) still run
+    assert (y == 2.0).all()
