@@ -3,6 +3,7 @@ against an emulation layer (codegen/emu/include): threads as cooperative fibers 
 semantics of barriers, mbarriers, warp / warpgroup collectives and asynchronous copies."""
 from .compile import EmuCompileError
 from .launch import SCHEDULES, EmuError, EmuModule, compile_emulated
-from .run import from_storage, run_printed, to_storage
+from .run import VariantUnavailable, from_storage, run_printed, to_storage
 
-__all__ = ["EmuCompileError", "EmuError", "EmuModule", "SCHEDULES", "compile_emulated", "from_storage", "run_printed", "to_storage"]
+__all__ = ["EmuCompileError", "EmuError", "EmuModule", "SCHEDULES", "VariantUnavailable", "compile_emulated",
+           "from_storage", "run_printed", "to_storage"]

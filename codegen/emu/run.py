@@ -39,6 +39,10 @@ def from_storage(raw: np.ndarray, dtype: str) -> np.ndarray:
     return raw
 
 
+class VariantUnavailable(ValueError):
+    """The variant cannot run at these sizes / pointers (the mapping's host side picks another)."""
+
+
 class _Guarded:
     """One tensor between two poisoned guard zones, its data BASE_ALIGN-aligned."""
 
@@ -98,7 +102,7 @@ def run_printed(printed: Printed, variant_index: int, inputs: Sequence[np.ndarra
             raise ValueError(f"{variant.stem}: no host hook for its extra arguments {launch.extras}")
         index, raw = host(printed, geo.sizes, ptrs, encode_emulated)
         if index != variant_index or raw is None:
-            raise ValueError(f"{variant.stem} cannot run at sizes {geo.sizes} (the host picks variant {index})")
+            raise VariantUnavailable(f"{variant.stem} cannot run at sizes {geo.sizes} (the host picks variant {index})")
         maps = np.zeros(len(raw) + 64, dtype=np.uint8)
         at = -maps.ctypes.data % 64
         maps[at:at + len(raw)] = np.frombuffer(raw, dtype=np.uint8)

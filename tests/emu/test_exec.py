@@ -527,6 +527,15 @@ FA_LONG = {"B": 1, "H": 1, "N": 520, "D": 128}
 WAIT_SYNC = "cp_async_wait<1>();\n                __syncthreads();"
 
 
+def test_a_variant_the_host_would_not_pick_is_refused_by_name():
+    from codegen.emu import VariantUnavailable, run_printed
+
+    _, printed = example("gemm_wgmma")
+    a, b = np.zeros((150, 72)), np.zeros((72, 270))  # N = 270: rows of B are not 16-byte multiples
+    with pytest.raises(VariantUnavailable, match=r"kernel_tma cannot run at sizes .* picks variant 0"):
+        run_printed(printed, 1, [a, b])
+
+
 @pytest.mark.parametrize("name,sizes,mutation", [
     ("gemm", None, lambda s: _nth(s, WAIT_SYNC, WAIT_SYNC.replace("<1>", "<2>"), 1)),
     ("gemm", GEMM_K, lambda s: _nth(s, WAIT_SYNC, WAIT_SYNC.replace("<1>", "<2>"))),

@@ -101,12 +101,14 @@ void st_shared(unsigned addr, const void* bytes, int nbytes) {
     check_smem(addr, nbytes, "st.shared");
     if (addr % nbytes) fail("st.shared of %d bytes at misaligned address 0x%x", nbytes, addr);
     std::memcpy(g->window + addr, bytes, nbytes);
+    maybe_yield(8);
 }
 
 void ld_shared(unsigned addr, void* bytes, int nbytes) {
     check_smem(addr, nbytes, "ld.shared");
     if (addr % nbytes) fail("ld.shared of %d bytes at misaligned address 0x%x", nbytes, addr);
     std::memcpy(bytes, g->window + addr, nbytes);
+    maybe_yield(8);
 }
 
 float cvt_f32_f16(unsigned short h) { return ops::f16_bits_to_f32(h); }
@@ -144,6 +146,7 @@ void cp_async_cg16(unsigned dst, const void* src, int src_bytes) {
     std::memset(c.data, 0, 16);
     if (src_bytes) std::memcpy(c.data, src, src_bytes);
     poison(dst, 16);
+    maybe_yield(8);
 }
 
 void cp_async_commit_group() { ++me().cp_commits; }

@@ -116,7 +116,7 @@ extern State* g;
 void switch_to_scheduler();
 void block_on(Wait w, const void* obj, long long a = 0, long long b = 0);
 void yield();
-void maybe_yield();
+void maybe_yield(unsigned one_in = 2);
 void wake(const void* obj);
 Fiber& me();
 void check_smem(unsigned addr, unsigned long long nbytes, const char* what);

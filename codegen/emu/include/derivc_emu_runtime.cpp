@@ -82,10 +82,11 @@ void block_on(Wait w, const void* obj, long long a, long long b) {
 
 void yield() { switch_to_scheduler(); }
 
-void maybe_yield() {
+// the random order also switches threads at some memory operations: one in `one_in`
+void maybe_yield(unsigned one_in) {
     if (g->order != RANDOM) return;
     g->rng ^= g->rng << 13; g->rng ^= g->rng >> 7; g->rng ^= g->rng << 17;
-    if (g->rng & 1) yield();
+    if ((g->rng >> 17) % one_in == 0) yield();
 }
 
 void wake(const void* obj) {
