@@ -90,12 +90,12 @@ class Ops:
         self._check(rc, err)
         return d
 
-    def tma(self, tensor_map: bytes, coords: list[int], smem: np.ndarray, dst: int) -> int:
+    def tma(self, tensor_map: bytes, coords: list[int], smem: np.ndarray, dst: int, rank: int = -1) -> int:
         raw = np.frombuffer(tensor_map, dtype=np.uint8).copy()
         c = np.array(coords, dtype=np.int32)
         nbytes = ctypes.c_uint32(0)
         err = ctypes.create_string_buffer(512)
-        self._check(self.lib.t_tma(_ptr(raw), _ptr(c), _ptr(smem), ctypes.c_uint32(smem.size),
+        self._check(self.lib.t_tma(_ptr(raw), ctypes.c_int(rank), _ptr(c), _ptr(smem), ctypes.c_uint32(smem.size),
                                    ctypes.c_uint32(dst), ctypes.byref(nbytes), err), err)
         return nbytes.value
 

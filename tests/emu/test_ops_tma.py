@@ -36,17 +36,21 @@ def aligned_buffer(nbytes: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def tma_model(buf: np.ndarray, eb: int, dims: list[int], strides: list[int], box: list[int],
-              coords: list[int], span: int) -> np.ndarray:
-    """The shared bytes of the box (strides in elements, dims 1..)."""
+              coords: list[int], span: int, elem_strides: list[int] | None = None,
+              fill: int = 0) -> np.ndarray:
+    """The shared bytes of the box (strides in elements, dims 1..); with element strides es, dim d
+    loads ceil(box / es) elements at coords + i * es; outside the tensor: `fill` (a bit pattern)."""
+    es = elem_strides or [1] * len(box)
+    counts = [-(-b // e) for b, e in zip(box, es)]
     elem = buf.view({2: np.uint16, 4: np.uint32}[eb])
-    idx = np.indices(box[::-1]).reshape(len(box), -1)[::-1]   # innermost first, innermost fastest
+    idx = np.indices(counts[::-1]).reshape(len(box), -1)[::-1]   # innermost first, innermost fastest
     inside = np.ones(idx.shape[1], bool)
     flat = np.zeros(idx.shape[1], np.int64)
     for d, (c0, n, st) in enumerate(zip(coords, dims, [1] + strides)):
-        c = c0 + idx[d]
+        c = c0 + idx[d] * es[d]
         inside &= (c >= 0) & (c < n)
         flat += np.where(inside, c, 0) * st
-    values = np.where(inside, elem[np.where(inside, flat, 0)], 0).astype(elem.dtype)
+    values = np.where(inside, elem[np.where(inside, flat, 0)], fill).astype(elem.dtype)
     dense = values.view(np.uint8)
     if span == 0:
         return dense
@@ -133,6 +137,34 @@ def test_tma_refuses_bad_destinations_and_maps(ops):
     plain = tensor_map.encode_tiled_emulated("f16", buf.ctypes.data, [64, 64], [8, 8], swizzle="none")
     with pytest.raises(OpsError, match="aligned"):
         ops.tma(plain, [0, 0], smem, 64)
+
+
+def test_tma_element_strides_and_nan_fill(ops):
+    """Map fields encode_tiled_emulated leaves at their defaults, patched into the bytes."""
+    rng = np.random.default_rng(8)
+    dims, box = [64, 40], [64, 7]
+    buf = aligned_buffer(64 * 40 * 2, rng)
+    raw = bytearray(tensor_map.encode_tiled_emulated("f16", buf.ctypes.data, dims, box))
+    raw[123], raw[27] = 3, 1                               # element stride 3 along dim 1, NaN fill
+    for coords in ([0, 0], [-5, 35], [3, -4]):
+        smem = np.full(1 << 14, POISON, np.uint8)
+        nbytes = ops.tma(bytes(raw), coords, smem, 0, rank=2)
+        want = tma_model(buf, 2, dims, [64], box, coords, 128, [1, 3], fill=0xFFFF)
+        assert nbytes == 64 * 3 * 2 and np.array_equal(smem[:want.size], want)
+
+
+def test_tma_refuses_corrupt_maps_and_rank_mismatch(ops):
+    buf = aligned_buffer(64 * 64 * 2, np.random.default_rng(9))
+    raw = tensor_map.encode_tiled_emulated("f16", buf.ctypes.data, [64, 64], [64, 64])
+    smem = np.zeros(1 << 14, np.uint8)
+    with pytest.raises(OpsError, match="3d load through a rank-2"):
+        ops.tma(raw, [0, 0, 0], smem, 0, rank=3)
+    for offset, value, message in [(115, 1, "box"), (122, 9, "element stride"), (24, 1, "interleave"),
+                                   (112, 72, "swizzle span"), (4, 6, "rank")]:
+        bad = bytearray(raw)
+        bad[offset] = value
+        with pytest.raises(OpsError, match=message):
+            ops.tma(bytes(bad), [0, 0], smem, 0)
 
 
 BAD_ENCODINGS = [

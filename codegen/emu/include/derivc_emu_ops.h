@@ -381,5 +381,12 @@ inline uint32_t tma_load_tile(const TensorMap& map, const int32_t* coords, uint8
     return bytes;
 }
 
+// The same, for the cp.async.bulk.tensor.<rank>d form: the instruction's rank must be the map's.
+inline uint32_t tma_load_tile(const TensorMap& map, uint32_t rank, const int32_t* coords, uint8_t* smem,
+                              uint32_t smem_size, uint32_t dst) {
+    if (rank != map.rank) fail("tma: a %ud load through a rank-%u tensor map", rank, map.rank);
+    return tma_load_tile(map, coords, smem, smem_size, dst);
+}
+
 }  // namespace ops
 }  // namespace derivc_emu
