@@ -159,7 +159,7 @@ def test_tma_refuses_corrupt_maps_and_rank_mismatch(ops):
     smem = np.zeros(1 << 14, np.uint8)
     with pytest.raises(OpsError, match="3d load through a rank-2"):
         ops.tma(raw, [0, 0, 0], smem, 0, rank=3)
-    for offset, value, message in [(115, 1, "box"), (122, 9, "element stride"), (24, 1, "interleave"),
+    for offset, value, message in [(115, 1, "box"), (122, 9, "element stride"), (122, 2, "dim 0"), (24, 1, "interleave"),
                                    (112, 72, "swizzle span"), (4, 6, "rank")]:
         bad = bytearray(raw)
         bad[offset] = value

@@ -333,6 +333,7 @@ inline void check_tensor_map(const TensorMap& map) {
             fail("tma: element stride[%u] = %u is not 1 .. 8", i, map.elem_strides[i]);
         if (map.dims[i] < 1) fail("tma: dim[%u] = 0", i);
     }
+    if (map.elem_strides[0] != 1) fail("tma: element stride of dim 0 must be 1 (non-interleaved map)");
     const uint32_t inner = map.box[0] * map.elem_bytes, span = tensor_map_swizzle_span(map);
     if (inner % 16 != 0) fail("tma: inner box %u bytes is not a multiple of 16", inner);
     if (span && inner > span) fail("tma: inner box %u bytes exceeds the %uB swizzle span", inner, span);
