@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import OpsError
+from emu_ops_testing import OpsError
 
 try:
     from codegen.emu import tensor_map

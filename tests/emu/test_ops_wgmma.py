@@ -16,8 +16,7 @@ import zlib
 import numpy as np
 import pytest
 
-from conftest import OpsError
-from test_ops_mma import a_fragment, matmul_k_order, random_elements, to_f32
+from emu_ops_testing import OpsError, a_fragment, matmul_k_order, random_elements, to_f32
 
 T = 8
 LAYOUT_CODE = {0: 0, 128: 1, 64: 2, 32: 3}
