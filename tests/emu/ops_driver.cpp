@@ -62,12 +62,14 @@ int t_wgmma(int bf16, int n, const uint8_t* smem, uint32_t size, uint64_t da, co
     });
 }
 
-int t_tma(const uint8_t* map_bytes, const int32_t* coords, uint8_t* smem, uint32_t size, uint32_t dst,
-          uint32_t* bytes, char* err) {
+// rank < 0: the rank-less form
+int t_tma(const uint8_t* map_bytes, int rank, const int32_t* coords, uint8_t* smem, uint32_t size,
+          uint32_t dst, uint32_t* bytes, char* err) {
     return guarded(err, [&] {
         ops::TensorMap map;
         std::memcpy(&map, map_bytes, sizeof map);
-        *bytes = ops::tma_load_tile(map, coords, smem, size, dst);
+        *bytes = rank < 0 ? ops::tma_load_tile(map, coords, smem, size, dst)
+                          : ops::tma_load_tile(map, uint32_t(rank), coords, smem, size, dst);
     });
 }
 

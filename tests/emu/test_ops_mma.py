@@ -6,54 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import OpsError
-
-LANES = np.arange(32)
-G, Q = LANES // 4, LANES % 4
-
-
-def random_elements(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.ndarray:
-    """16-bit patterns of finite values of a few magnitudes (signed, some zeros)."""
-    x = (rng.standard_normal(shape) * 2.0 ** rng.integers(-6, 6, shape)).astype(np.float32)
-    x[rng.random(shape) < 0.05] = 0.0
-    if dtype == "f16":
-        return x.astype(np.float16).view(np.uint16)
-    return (x.view(np.uint32) >> 16).astype(np.uint16)
-
-
-def to_f32(bits: np.ndarray, dtype: str) -> np.ndarray:
-    if dtype == "f16":
-        return bits.view(np.float16).astype(np.float32)
-    return (bits.astype(np.uint32) << 16).view(np.float32)
-
-
-def pack(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    return lo.astype(np.uint32) | (hi.astype(np.uint32) << 16)
-
-
-def a_fragment(A: np.ndarray) -> np.ndarray:
-    """[32][4] registers of a 16 x 16 A: a0 (g, 2q..) a1 (g+8, 2q..) a2 (g, 2q+8..) a3 (g+8, 2q+8..)."""
-    regs = [(G, 2 * Q), (G + 8, 2 * Q), (G, 2 * Q + 8), (G + 8, 2 * Q + 8)]
-    return np.stack([pack(A[r, c], A[r, c + 1]) for r, c in regs], axis=1)
-
-
-def b_fragment(B: np.ndarray) -> np.ndarray:
-    """[32][2] registers of a 16 (k) x 8 (n) B: b0 (k 2q, 2q+1; n g), b1 (k 2q+8, 2q+9; n g)."""
-    return np.stack([pack(B[2 * Q, G], B[2 * Q + 1, G]), pack(B[2 * Q + 8, G], B[2 * Q + 9, G])], axis=1)
-
-
-def c_fragment_index() -> tuple[np.ndarray, np.ndarray]:
-    """(row, col) of d[l][e]: e 0, 1 -> (g, 2q + e); e 2, 3 -> (g + 8, 2q + e - 2)."""
-    e = np.arange(4)
-    return G[:, None] + 8 * (e[None, :] >> 1), 2 * Q[:, None] + (e[None, :] & 1)
-
-
-def matmul_k_order(A: np.ndarray, B: np.ndarray, C: np.ndarray) -> np.ndarray:
-    """C + A B in float32, one k at a time (the emulator's documented summation order)."""
-    acc = C.astype(np.float32).copy()
-    for k in range(A.shape[1]):
-        acc = acc + A[:, k:k + 1] * B[k:k + 1, :]
-    return acc
+from emu_ops_testing import (G, LANES, Q, OpsError, a_fragment, b_fragment, c_fragment_index,
+                             matmul_k_order, pack, random_elements, to_f32)
 
 
 # ------------------------------------------------------------------------------ ldmatrix

@@ -8,14 +8,14 @@
 //
 // Choices where the PTX ISA leaves the hardware's behaviour open (documented, deterministic):
 // - mma / wgmma accumulate in fp32 in k order: acc = c; acc = acc + a_k * b_k for k = 0, 1, ...
-//   Each product of two f16 / bf16 values is exact in fp32, so fma contraction cannot change it.
+//   A product of two f16 values is exact in fp32 (of two bf16 values too, barring fp32 overflow
+//   and underflow), so a contraction into fma does not change the result.
 // - f32 -> f16 / bf16 of a NaN gives the canonical NaN 0x7fff; f16 -> f32 keeps sign and payload.
 // - Descriptors and tensor maps are checked strictly: reserved descriptor bits, a non-zero matrix
 //   base offset, and swizzled operands / TMA boxes not aligned to their swizzle repeat (256, 512,
 //   1024 bytes) are refused instead of guessed at.
 #pragma once
 
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -24,6 +24,7 @@ namespace derivc_emu {
 
 [[noreturn]] void fail(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 
+// Operand type of mma / wgmma (EMU_API.md's Dtype; defined here, used by derivc_emu.h too).
 enum class Dtype { F16, BF16 };
 
 namespace ops {
@@ -261,7 +262,6 @@ inline void wgmma(Dtype dt, int n, const uint8_t* smem, uint32_t smem_size, uint
         fail("wgmma: imm-trans must be 0 or 1 (got %d, %d)", tnsp_a, tnsp_b);
     if (a_regs && tnsp_a) fail("wgmma: A from registers cannot be transposed");
     float A[64 * 16];
-    static_assert(sizeof(A) == 4096, "A tile");
     if (a_regs) {
         float frag[16][16];
         for (int w = 0; w < 4; ++w) {
@@ -333,6 +333,7 @@ inline void check_tensor_map(const TensorMap& map) {
             fail("tma: element stride[%u] = %u is not 1 .. 8", i, map.elem_strides[i]);
         if (map.dims[i] < 1) fail("tma: dim[%u] = 0", i);
     }
+    if (map.elem_strides[0] != 1) fail("tma: element stride of dim 0 must be 1 (non-interleaved map)");
     const uint32_t inner = map.box[0] * map.elem_bytes, span = tensor_map_swizzle_span(map);
     if (inner % 16 != 0) fail("tma: inner box %u bytes is not a multiple of 16", inner);
     if (span && inner > span) fail("tma: inner box %u bytes exceeds the %uB swizzle span", inner, span);
@@ -379,6 +380,13 @@ inline uint32_t tma_load_tile(const TensorMap& map, const int32_t* coords, uint8
         }
     }
     return bytes;
+}
+
+// The same, for the cp.async.bulk.tensor.<rank>d form: the instruction's rank must be the map's.
+inline uint32_t tma_load_tile(const TensorMap& map, uint32_t rank, const int32_t* coords, uint8_t* smem,
+                              uint32_t smem_size, uint32_t dst) {
+    if (rank != map.rank) fail("tma: a %ud load through a rank-%u tensor map", rank, map.rank);
+    return tma_load_tile(map, coords, smem, smem_size, dst);
 }
 
 }  // namespace ops
