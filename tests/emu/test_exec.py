@@ -202,10 +202,10 @@ TMA = """
     if (t == 0) derivc_emu::mbar_init(bar, 1);
     __syncthreads();
     if (t == 0) {
-        const int c[2] = {0, 4};
+        const int c[3] = {0, 4, 0};
         std::memset(smem_ + (tile - base), 0, 8 * 16 * 2);  // the load poisons what was there at issue
         derivc_emu::mbar_arrive_expect_tx(bar, {expect});
-        derivc_emu::tma_load(tile, map, bar, 2, c);
+        derivc_emu::tma_load(tile, map, bar, RANK, c);
     }
     {wait}
     const unsigned short* s = reinterpret_cast<const unsigned short*>(smem_ + (tile - base));
@@ -214,14 +214,15 @@ TMA = """
 """
 
 
-def tma_case(expect="8 * 16 * 2", wait="derivc_emu::mbar_wait_parity(bar, 0);", order="forward", after=""):
+def tma_case(expect="8 * 16 * 2", wait="derivc_emu::mbar_wait_parity(bar, 0);", order="forward", after="", rank=2):
     x = (np.arange(10 * 16) % 97).astype(np.float16).reshape(10, 16)
     y = np.zeros(8 * 16, np.float32)
     raw = encode_tiled_emulated("f16", x.ctypes.data, [16, 10], [16, 8], swizzle="none")
     maps = np.zeros(192, np.uint8)
     at = -maps.ctypes.data % 64
     maps[at:at + 128] = np.frombuffer(raw, np.uint8)
-    mod = kernel(TMA.replace("{expect}", expect).replace("{wait}", wait).replace("{after}", after),
+    mod = kernel(TMA.replace("{expect}", expect).replace("{wait}", wait).replace("{after}", after)
+                 .replace("RANK", str(rank)),
                  "const void* map, float* __restrict__ y")
     run(mod, [maps.ctypes.data + at, y], smem=4096, order=order)
     want = np.zeros((8, 16), np.float32)
@@ -593,3 +594,8 @@ def test_a_wild_access_or_a_stack_overflow_fails_the_launch_not_the_process():
         y[threadIdx.x & 3] = big[(threadIdx.x * 7) & 1023];""", "float* __restrict__ y"), [y])
     run(kernel("y[threadIdx.x & 3] = 2.0f;"), [y])  # the module (and the process) still run
     assert (y == 2.0).all()
+
+
+def test_tma_rank_must_be_the_maps():
+    with pytest.raises(EmuError, match=r"a 3d load through a rank-2 tensor map"):
+        tma_case(wait="derivc_emu::mbar_wait_parity(bar, 0);", rank=3)

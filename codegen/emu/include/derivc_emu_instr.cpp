@@ -393,7 +393,7 @@ void tma_load(unsigned dst, const void* tensor_map, unsigned bar, int rank, cons
     if (dst % 128) fail("TMA: destination 0x%x is not 128-byte aligned", dst);
     Mbar* m = find_mbar(bar, "cp.async.bulk.tensor (its mbarrier)");
     check_smem(dst, 1, "cp.async.bulk.tensor");
-    const unsigned bytes = ops::tma_load_tile(*static_cast<const ops::TensorMap*>(tensor_map),
+    const unsigned bytes = ops::tma_load_tile(*static_cast<const ops::TensorMap*>(tensor_map), (std::uint32_t)rank,
                                               reinterpret_cast<const std::int32_t*>(coords), g->window,
                                               g->window_size, dst);
     check_smem(dst, bytes, "cp.async.bulk.tensor");
