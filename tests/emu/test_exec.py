@@ -85,6 +85,19 @@ def test_named_barrier_count_mismatch_and_bad_counts():
         run(kernel("derivc_emu::bar_sync(1, 48);"), [np.zeros(1, np.float32)])
 
 
+def test_named_barrier_counts_warps():
+    # warp 1's upper half has exited: the warp arrives with its live lanes (PTX: arrivals per warp)
+    y = np.zeros(128, np.float32)
+    run(kernel("""
+    const int t = threadIdx.x;
+    if (t >= 48) return;
+    float* s = reinterpret_cast<float*>(smem_);
+    s[t] = (float)t;
+    derivc_emu::bar_sync(1, 64);
+    y[t] = s[47 - t];"""), [y])
+    assert np.array_equal(y[:48], 47.0 - np.arange(48))
+
+
 def test_named_barrier_does_not_count_exited_threads():
     # a count below the block size: only arrivals count (a whole-block count treats exits as arrived)
     with pytest.raises(EmuError, match=r"deadlock.*threads 0-63: bar.sync 1, 96 \(64 arrived, 64 exited\)"):

@@ -39,7 +39,9 @@ struct Fiber {
     int wg_next;  // id of the next wgmma op of its warpgroup not yet delivered to this lane
 };
 
-struct Barrier { int count, arrived; unsigned gen; };
+// bar.sync arrivals count per warp (PTX ISA): a warp has arrived once every non-exited thread of
+// it has; a barrier for the whole CTA also counts warps whose threads have all exited
+struct Barrier { int count, arrived; unsigned gen; unsigned lanes[kMaxThreads / 32]; };
 
 enum CollKind { COLL_NONE = 0, COLL_SHFL, COLL_LDSM, COLL_MMA, COLL_WGMMA, COLL_SYNCWARP };
 

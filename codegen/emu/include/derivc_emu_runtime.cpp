@@ -113,12 +113,27 @@ void poison(unsigned addr, unsigned nbytes) { std::memset(g->window + addr, 0xFF
 // ---------------------------------------------------------------- barriers
 void complete_bar(Barrier& b) {
     b.arrived = 0;
+    std::memset(b.lanes, 0, sizeof b.lanes);
     ++b.gen;
     wake(&b);
 }
 
+unsigned live_lanes(int w) {
+    unsigned live = 0;
+    for (int l = 0; l < 32 && w * 32 + l < g->nthreads; ++l)
+        if (!g->fibers[w * 32 + l].done) live |= 1u << l;
+    return live;
+}
+
 bool bar_ready(const Barrier& b) {
-    return b.arrived > 0 && b.arrived + (b.count == g->nthreads ? g->exited : 0) >= b.count;
+    if (b.arrived == 0) return false;
+    const bool whole_cta = b.count == g->nthreads;
+    int warps = 0;
+    for (int w = 0; w < g->nwarps; ++w) {
+        const unsigned live = live_lanes(w);
+        if (live ? (b.lanes[w] & live) == live : whole_cta) ++warps;
+    }
+    return warps * 32 >= b.count || (whole_cta && warps == g->nwarps);
 }
 
 void bar_arrive_wait(int id, int count) {
@@ -127,6 +142,7 @@ void bar_arrive_wait(int id, int count) {
     else if (b.count != count)
         fail("bar.sync %d: thread count %d, but threads already waiting there passed %d", id, count, b.count);
     ++b.arrived;
+    b.lanes[g->cur->tid / 32] |= 1u << (g->cur->tid % 32);
     if (bar_ready(b)) {
         complete_bar(b);
         yield();  // let the order pick who runs first after the barrier
