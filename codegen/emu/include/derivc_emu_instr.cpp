@@ -60,6 +60,10 @@ void wg_compute_upto(int wg, WgOp* last) {
                 }
                 ptrs[l] = dst;
             }
+            for (int l = 0; op->rs && l < 128; ++l)  // the instruction may read them until the wait
+                if (std::memcmp(op->a_ptr[l], op->a_regs[l], 16))
+                    fail("wgmma.mma_async (A in registers, group %u): lane %d of warpgroup %d changed its A registers "
+                         "before wgmma.wait_group", op->group, l, wg);
             ops::wgmma(op->dtype, op->n, g->window, g->window_size, op->da, op->rs ? op->a_regs : nullptr, op->db,
                        op->tnsp_a, op->tnsp_b, op->scale_d, ptrs);
             op->computed = true;
@@ -292,7 +296,10 @@ void wgmma_issue(Dtype dtype, int n, float* d, const unsigned* a4, unsigned long
     }
     x.out[lane] = d;
     x.commits[lane] = f.wg_commits;
-    if (rs) std::memcpy(x.a[lane], a4, 16);
+    if (rs) {
+        std::memcpy(x.a[lane], a4, 16);
+        x.val[lane] = reinterpret_cast<std::uintptr_t>(a4);
+    }
     rendezvous(x, [wg](Rendezvous& q) {
         WgOp* op = static_cast<WgOp*>(std::calloc(1, sizeof(WgOp)));
         const int nd = q.n / 2;
@@ -308,6 +315,7 @@ void wgmma_issue(Dtype dtype, int n, float* d, const unsigned* a4, unsigned long
                      q.commits[l], q.commits[0]);
             op->d[l] = static_cast<float*>(q.out[l]);
             std::memcpy(op->a_regs[l], q.a[l], 16);
+            op->a_ptr[l] = reinterpret_cast<const std::uint32_t*>(static_cast<std::uintptr_t>(q.val[l]));
             const Fiber& lf = g->fibers[wg * 128 + l];
             WgOp* chain = nullptr;  // the latest op on these registers this lane has not received yet
             WgOp** tail = &g->wg_ops[wg];

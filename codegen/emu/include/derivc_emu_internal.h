@@ -73,7 +73,8 @@ struct WgOp {
     int n, scale_d, tnsp_a, tnsp_b;
     bool rs, computed;
     unsigned long long da, db;
-    std::uint32_t a_regs[128][4];
+    std::uint32_t a_regs[128][4];       // register A at issue ...
+    const std::uint32_t* a_ptr[128];    // ... and where the lane keeps them until its wait
     float* d[128];
     WgOp* chain[128];  // an earlier op whose result is this op's accumulator input, per lane
     float* in;         // captured accumulators (lanes without a chain)
