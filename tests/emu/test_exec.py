@@ -554,13 +554,14 @@ def test_a_variant_the_host_would_not_pick_is_refused_by_name():
     ("gemm", None, lambda s: _nth(s, WAIT_SYNC, WAIT_SYNC.replace("<1>", "<2>"), 1)),
     ("gemm", GEMM_K, lambda s: _nth(s, WAIT_SYNC, WAIT_SYNC.replace("<1>", "<2>"))),
     ("gemm", GEMM_K, lambda s: _nth(s, WAIT_SYNC, "cp_async_wait<1>();")),
+    ("gemm_wgmma", None, lambda s: _nth(s, "fence_proxy_async();\n        __syncthreads();", "__syncthreads();")),
     ("flash_attention_wgmma", None, lambda s: _nth(s, "wg_wait<1>();", "wg_wait<2>();")),
     ("flash_attention_wgmma", None, lambda s: _nth(s, "mbar_wait(bar_v + 8 * slot, ph);", "")),
     ("flash_attention_wgmma", FA_LONG, lambda s: _nth(s, "if (j >= 3) mbar_wait(bar_e", "if (j >= 99) mbar_wait(bar_e")),
     ("flash_attention_wgmma", None, lambda s: s.replace("pn[jj >> 1][2 * (jj & 1) + h] = pack",
                                                         "pa[jj >> 1][2 * (jj & 1) + h] = pack")),
 ], ids=["gemm-tail-cp.async-wait-too-shallow", "gemm-main-cp.async-wait-too-shallow", "gemm-main-no-barrier",
-        "fa-wgmma-wait-too-shallow", "fa-wgmma-no-V-wait", "fa-wgmma-producer-skips-empty-wait",
+        "gemm-wgmma-no-proxy-fence", "fa-wgmma-wait-too-shallow", "fa-wgmma-no-V-wait", "fa-wgmma-producer-skips-empty-wait",
         "fa-wgmma-P-written-under-the-PV-in-flight"])
 def test_kernel_mutations_show(name, sizes, mutation):
     assert all(isinstance(e, float) for e in emulate(name, sizes=sizes, orders=("forward",))[0].values())

@@ -64,7 +64,7 @@ void wg_compute_upto(int wg, WgOp* last) {
                 if (std::memcmp(op->a_ptr[l], op->a_regs[l], 16))
                     fail("wgmma.mma_async (A in registers, group %u): lane %d of warpgroup %d changed its A registers "
                          "before wgmma.wait_group", op->group, l, wg);
-            ops::wgmma(op->dtype, op->n, g->window, g->window_size, op->da, op->rs ? op->a_regs : nullptr, op->db,
+            ops::wgmma(op->dtype, op->n, async_proxy_view(), g->window_size, op->da, op->rs ? op->a_regs : nullptr, op->db,
                        op->tnsp_a, op->tnsp_b, op->scale_d, ptrs);
             op->computed = true;
         }
@@ -105,6 +105,7 @@ void st_shared(unsigned addr, const void* bytes, int nbytes) {
     check_smem(addr, nbytes, "st.shared");
     if (addr % nbytes) fail("st.shared of %d bytes at misaligned address 0x%x", nbytes, addr);
     std::memcpy(g->window + addr, bytes, nbytes);
+    generic_write(addr, nbytes);
     maybe_yield(8);
 }
 
@@ -163,7 +164,10 @@ void cp_async_wait_group(int n) {
     int keep = 0;
     for (int i = 0; i < f.ncp; ++i) {
         CpAsync& c = f.cps[i];
-        if ((long long)c.group < limit) std::memcpy(g->window + c.dst, c.data, 16);
+        if ((long long)c.group < limit) {
+            std::memcpy(g->window + c.dst, c.data, 16);
+            generic_write(c.dst, 16);
+        }
         else f.cps[keep++] = c;
     }
     f.ncp = keep;
@@ -346,7 +350,10 @@ void wgmma_rs(Dtype dtype, int n, float* d, const unsigned* a4, unsigned long lo
 }
 
 // ---------------------------------------------------------------- mbarriers, TMA, misc
-void fence_proxy_async() { maybe_yield(); }
+void fence_proxy_async() {
+    fence_generic_writes(me());
+    maybe_yield();
+}
 void fence_mbarrier_init() {}
 
 void mbar_init(unsigned bar, unsigned count) {

@@ -37,6 +37,8 @@ struct Fiber {
     unsigned cp_commits;
     unsigned wg_commits;
     int wg_next;  // id of the next wgmma op of its warpgroup not yet delivered to this lane
+    unsigned* unfenced;  // 16-byte shared chunks it wrote through the generic proxy since its
+    int nunfenced, capunfenced;  // last fence.proxy.async (wgmma reads them as poison)
 };
 
 // bar.sync arrivals count per warp (PTX ISA): a warp has arrived once every non-exited thread of
@@ -112,6 +114,9 @@ struct State {
     Mbar mbars[kMaxMbars];
     int nmbars;
     Tma* tmas;              // issue order
+    unsigned short* unfenced;  // per 16-byte shared chunk: writers that have not fenced it yet
+    long long nunfenced;
+    unsigned char* proxy_view;  // what the async proxy (wgmma) sees: the window, unfenced chunks poisoned
 };
 
 extern State* g;
@@ -124,6 +129,9 @@ void wake(const void* obj);
 Fiber& me();
 void check_smem(unsigned addr, unsigned long long nbytes, const char* what);
 void poison(unsigned addr, unsigned nbytes);
+void generic_write(unsigned addr, unsigned nbytes);
+void fence_generic_writes(Fiber& f);
+const unsigned char* async_proxy_view();
 void bar_arrive_wait(int id, int count);
 const char* coll_name(int kind);
 Rendezvous& join(Rendezvous& r, int kind, unsigned long long mask, int lane, int group_lanes, const char* what);

@@ -110,6 +110,36 @@ void check_smem(unsigned addr, unsigned long long nbytes, const char* what) {
 
 void poison(unsigned addr, unsigned nbytes) { std::memset(g->window + addr, 0xFF, nbytes); }
 
+// ---------------------------------------------------------------- proxies
+// A generic-proxy write (st.shared, a landed cp.async) reaches the async proxy (wgmma) only after
+// the writing thread's fence.proxy.async; until then wgmma reads the chunk as poison.
+void generic_write(unsigned addr, unsigned nbytes) {
+    Fiber& f = *g->cur;
+    for (unsigned c = addr / 16; c <= (addr + nbytes - 1) / 16; ++c) {
+        if (f.nunfenced == f.capunfenced) {
+            f.capunfenced = f.capunfenced ? 2 * f.capunfenced : 64;
+            f.unfenced = static_cast<unsigned*>(std::realloc(f.unfenced, sizeof(unsigned) * f.capunfenced));
+        }
+        f.unfenced[f.nunfenced++] = c;
+        ++g->unfenced[c];
+        ++g->nunfenced;
+    }
+}
+
+void fence_generic_writes(Fiber& f) {
+    for (int i = 0; i < f.nunfenced; ++i) --g->unfenced[f.unfenced[i]];
+    g->nunfenced -= f.nunfenced;
+    f.nunfenced = 0;
+}
+
+const unsigned char* async_proxy_view() {
+    if (g->nunfenced == 0) return g->window;
+    std::memcpy(g->proxy_view, g->window, g->window_size);
+    for (unsigned c = 0; c < g->window_size / 16; ++c)
+        if (g->unfenced[c]) std::memset(g->proxy_view + 16 * c, 0xFF, 16);
+    return g->proxy_view;
+}
+
 // ---------------------------------------------------------------- barriers
 void complete_bar(Barrier& b) {
     b.arrived = 0;
@@ -207,6 +237,8 @@ void free_block_state() {
     for (int i = 0; i < g->nthreads; ++i) {
         std::free(g->fibers[i].cps);
         g->fibers[i].cps = nullptr;
+        std::free(g->fibers[i].unfenced);
+        g->fibers[i].unfenced = nullptr;
     }
 }
 
@@ -376,6 +408,8 @@ void run_block() {
     std::memset(g->wg_ids, 0, sizeof g->wg_ids);
     g->nmbars = 0;
     g->tmas = nullptr;
+    std::memset(g->unfenced, 0, sizeof(unsigned short) * (g->window_size / 16 + 1));
+    g->nunfenced = 0;
     g->live = g->nthreads;
     g->exited = 0;
     for (int i = 0; i < g->nthreads; ++i) {
@@ -464,10 +498,12 @@ const char* launch(void (*thunk)(void**), void** args, int gx, int gy, int gz, i
     s->window = static_cast<unsigned char*>(std::aligned_alloc(kPage, (s->window_size + kPage - 1) / kPage * kPage));
     s->warps = static_cast<Rendezvous*>(std::calloc(s->nwarps, sizeof(Rendezvous)));
     s->groups = static_cast<Rendezvous*>(std::calloc((threads + 127) / 128, sizeof(Rendezvous)));
+    s->unfenced = static_cast<unsigned short*>(std::calloc(s->window_size / 16 + 1, sizeof(unsigned short)));
+    s->proxy_view = static_cast<unsigned char*>(std::malloc(s->window_size));
     s->stacks_len = (std::size_t)threads * (kStack + kPage);
     void* st = mmap(nullptr, s->stacks_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     const char* result = nullptr;
-    if (st == MAP_FAILED || !s->window || !s->warps || !s->groups) {
+    if (st == MAP_FAILED || !s->window || !s->warps || !s->groups || !s->unfenced || !s->proxy_view) {
         result = "derivc_emu: out of memory for the block";
     } else {
         s->stacks = static_cast<unsigned char*>(st);
@@ -495,6 +531,8 @@ const char* launch(void (*thunk)(void**), void** args, int gx, int gy, int gz, i
     std::free(s->window);
     std::free(s->warps);
     std::free(s->groups);
+    std::free(s->unfenced);
+    std::free(s->proxy_view);
     std::free(s);
     g = nullptr;
     return result;
