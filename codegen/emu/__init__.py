@@ -9,7 +9,9 @@ The model is adversarial where the hardware leaves room: shared memory (dynamic 
 poisoned (0xFF, NaN) at every block start and the dynamic window starts 16- but not 1024-byte
 aligned; cp.async, TMA and wgmma poison their destination at issue and complete at the latest
 point the program allows (cp.async.wait_group; a waiter blocked only on the mbarrier's
-transaction count; each lane's wgmma.wait_group); threads switch only where they must wait
+transaction count; each lane's wgmma.wait_group; wgmma's register A is checked unchanged at
+the wait); generic-proxy shared writes (st.shared, cp.async) reach wgmma only after the writer's
+fence.proxy.async; bar.sync counts arrivals per warp; threads switch only where they must wait
 (and, in the random order, at some shared-memory accesses), so a missing barrier reads poison
 in one order or another.  Deadlocks, out-of-window wrapper accesses, wild accesses, a wgmma or
 cp.async never waited for, bad setmaxnreg / bar.sync counts and lanes that disagree in a
