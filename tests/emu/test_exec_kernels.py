@@ -115,9 +115,10 @@ def test_a_variant_the_host_would_not_pick_is_refused_by_name():
     ("flash_attention_wgmma", FA_LONG, lambda s: _nth(s, "if (j >= 3) mbar_wait(bar_e", "if (j >= 99) mbar_wait(bar_e")),
     ("flash_attention_wgmma", None, lambda s: s.replace("pn[jj >> 1][2 * (jj & 1) + h] = pack",
                                                         "pa[jj >> 1][2 * (jj & 1) + h] = pack")),
+    ("flash_attention_wgmma", None, lambda s: _nth(s, "wg_wait<0>();", "o[5] = 0.0f; wg_wait<0>();", 1)),
 ], ids=["gemm-tail-cp.async-wait-too-shallow", "gemm-main-cp.async-wait-too-shallow", "gemm-main-no-barrier",
         "gemm-wgmma-no-proxy-fence", "fa-wgmma-wait-too-shallow", "fa-wgmma-no-V-wait", "fa-wgmma-producer-skips-empty-wait",
-        "fa-wgmma-P-written-under-the-PV-in-flight"])
+        "fa-wgmma-P-written-under-the-PV-in-flight", "fa-wgmma-O-written-under-the-PV-in-flight"])
 def test_kernel_mutations_show(name, sizes, mutation):
     assert all(isinstance(e, float) for e in emulate(name, sizes=sizes, orders=("forward",))[0].values())
     errs, tol = emulate(name, sizes=sizes, mutate=mutation)

@@ -268,6 +268,13 @@ void wgmma_wait_group(int n) {
     for (WgOp* op = g->wg_ops[wg]; op; op = op->next) {
         if (op->id < f.wg_next) continue;
         const int nd = op->n / 2;
+        if (!op->chain[lane]) {  // nothing but this wgmma may write these registers since its issue
+            const unsigned* bits = reinterpret_cast<const unsigned*>(op->d[lane]);
+            for (int i = 0; i < nd; ++i)
+                if (bits[i] != 0xFFFFFFFFu)
+                    fail("wrote accumulator register %d of a wgmma.mma_async (m64n%dk16, group %u) before its "
+                         "wgmma.wait_group", i, op->n, op->group);
+        }
         std::memcpy(op->d[lane], op->buf + lane * nd, nd * sizeof(float));
         ++op->delivered;
         f.wg_next = op->id + 1;
