@@ -1,9 +1,10 @@
-// derivc CPU emulation: the execution model. Compiled once (cached by codegen.emu.compile) and
-// linked into every emulated kernel.
+// derivc CPU emulation: the execution model's scheduler (the instructions are in
+// derivc_emu_instr.cpp). Compiled once (cached by codegen.emu.compile) and linked into every
+// emulated kernel.
 //
 // One block at a time; its threads are cooperative fibers (a small x86-64 context switch, one
 // stack each) switched only where a thread must wait: barriers, warp / warpgroup collectives,
-// mbarrier waits (and, in the random order, at some asynchronous-proxy operations too). A fiber
+// mbarrier waits (and, in the random order, at some memory and asynchronous operations too). A fiber
 // runs until it blocks; the scheduler picks the next runnable one forward, reverse or at random,
 // so a missing barrier shows as poisoned data under one order or the other.
 //
