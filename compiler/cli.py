@@ -151,12 +151,19 @@ def write_outputs(derivation: Any, outdir: Path, *, codegen: bool = True, proofs
 
     d = derivation
     build = _optional("codegen.build") if codegen else None
-    kernel = None
-    if build is not None:  # the `lowering` step: kernel IR checked against the final program
+    kernel = printed = None
+    if build is not None:  # `lowering`: the kernel IR vs the final program; `kernel`: its text on the CPU
         try:
             kernel, _ = build.prepare(d)
+            printed = build.print_checked(kernel)
+            build.check_text(d, printed)
         except Exception as exc:
-            raise BuildError(f"{d.file}: codegen: {_one_line(exc)}") from exc
+            keep = []
+            if printed is not None:  # the text that failed, to read beside the error
+                for v in printed.variants:
+                    (outdir / f"{v.stem}.cu").write_text(v.source.source)
+                    keep.append(f"{v.stem}.cu")
+            raise BuildError(f"{d.file}: codegen: {_one_line(exc)}", keep) from exc
     (outdir / "derivation.json").write_text(json.dumps(write_trace(d), indent=2, allow_nan=False) + "\n")
     steps = outdir / "steps"
     steps.mkdir()
@@ -177,7 +184,7 @@ def write_outputs(derivation: Any, outdir: Path, *, codegen: bool = True, proofs
             raise BuildError(f"{d.file}: proof obligations: {_one_line(exc)}") from exc
     if build is not None:
         try:
-            build.emit(d, outdir, kernel)
+            build.emit(d, outdir, kernel, printed)
         except (SpecError, DerivationError):
             raise
         except Exception as exc:  # kernel sources and compiler logs help to see why
@@ -244,6 +251,15 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
         out.table(["#", "rule", "kind", "theorem", "rel. error"], rows, title=f"{spec.name}: {len(rows)} steps")
     sizes = ", ".join(f"{k}={v}" for k, v in d.check_sizes.items())
     out.line(f"checked at {sizes}; seed {d.seed}")
+    kc = getattr(d, "kernel_check", None)
+    if kc:
+        n = kc["numeric"]
+        if n.get("skipped"):
+            out.line(f"kernel text NOT run on the CPU: {n['skipped']}", style="yellow")
+        else:
+            worst = max(r["rel_error"] for r in n["draws"])
+            out.line(f"kernel text run on the CPU: {len(n['draws'])} draws over {', '.join(kc['facts']['variants'])}, "
+                     f"worst relative error {worst:.1e}")
     if args.verify:
         out.line(d.proof_check, style="green")
     out.line(f"wrote {args.output} (final program {d.final.digest()})", style="green")

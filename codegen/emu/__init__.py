@@ -22,9 +22,9 @@ bounds-checked nor switch points; ex2.approx / tanh.approx are libm's exact func
 host does not contract a * b + c into an FMA (rounding differs from the GPU's in the last bits).
 x86-64 only (the fibers' context switch); one launch at a time per compiled module.
 """
-from .compile import EmuCompileError
+from .compile import EmuCompileError, host_compiler
 from .launch import SCHEDULES, EmuError, EmuModule, compile_emulated
 from .run import VariantUnavailable, from_storage, run_printed, to_storage
 
-__all__ = ["EmuCompileError", "EmuError", "EmuModule", "SCHEDULES", "VariantUnavailable", "compile_emulated",
+__all__ = ["EmuCompileError", "EmuError", "EmuModule", "SCHEDULES", "VariantUnavailable", "compile_emulated", "host_compiler",
            "from_storage", "run_printed", "to_storage"]

@@ -58,6 +58,12 @@ const char* derivc_emu_launch(void** args, int gx, int gy, int gz, int threads, 
 """
 
 
+def host_compiler() -> str | None:
+    """The host C++ compiler's path ($DERIVC_EMU_CXX, default g++), or None when there is none."""
+    import shutil
+    return shutil.which(CXX)
+
+
 class EmuCompileError(RuntimeError):
     """g++ refused the kernel (or the runtime): the message carries its diagnostics."""
 
