@@ -3,6 +3,9 @@ guarded buffer (poisoned zones before and after, checked after the run), the out
 with NaN poison, TMA tensor maps in the emulation's encoding through the mapping's host hook."""
 from __future__ import annotations
 
+import ctypes
+import mmap
+from functools import lru_cache
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -15,6 +18,8 @@ from ..tma import encode_emulated
 from .launch import EmuError, compile_emulated
 
 GUARD = 4096    # poisoned bytes on each side of a tensor
+PAGE = mmap.PAGESIZE
+FENCE = 1 << 24  # inaccessible bytes beyond the guard zones (address space only)
 BASE_ALIGN = 256  # as cudaMalloc: TMA and cp.async need 16, vector loads 16
 POISON = 0xFF   # NaN in f32, f16 and bf16
 
@@ -39,16 +44,34 @@ def from_storage(raw: np.ndarray, dtype: str) -> np.ndarray:
     return raw
 
 
+@lru_cache(maxsize=None)
+def _libc() -> ctypes.CDLL:
+    lib = ctypes.CDLL(None, use_errno=True)
+    lib.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return lib
+
+
 class VariantUnavailable(ValueError):
     """The variant cannot run at these sizes / pointers (the mapping's host side picks another)."""
 
 
 class _Guarded:
-    """One tensor between two poisoned guard zones, its data BASE_ALIGN-aligned."""
+    """One tensor between two poisoned guard zones, its data BASE_ALIGN-aligned, inside an
+    anonymous mapping whose far ends are inaccessible (FENCE bytes of PROT_NONE pages on each
+    side): a store a few bytes past the tensor changes the poison (checked after the run), one
+    a tile past it faults in the kernel thread (an EmuError), never into Python's heap."""
 
     def __init__(self, name: str, nbytes: int):
         self.name, self.nbytes = name, nbytes
-        self.raw = np.full(2 * GUARD + nbytes + BASE_ALIGN, POISON, dtype=np.uint8)
+        inner = -(-(2 * GUARD + nbytes + BASE_ALIGN) // PAGE) * PAGE
+        self._map = mmap.mmap(-1, 2 * FENCE + inner)
+        whole = np.frombuffer(self._map, dtype=np.uint8)
+        base = whole.ctypes.data
+        for at in (base, base + FENCE + inner):
+            if _libc().mprotect(ctypes.c_void_p(at), ctypes.c_size_t(FENCE), 0) != 0:
+                raise OSError(ctypes.get_errno(), f"mprotect of the fence around {name}")
+        self.raw = whole[FENCE:FENCE + inner]
+        self.raw[:] = POISON
         self.start = GUARD + (-(self.raw.ctypes.data + GUARD) % BASE_ALIGN)
         self.ptr = self.raw.ctypes.data + self.start
 

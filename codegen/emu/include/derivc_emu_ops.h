@@ -38,7 +38,7 @@ inline float bits_f32(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline float f16_bits_to_f32(uint16_t h) {
     const uint32_t sign = uint32_t(h & 0x8000u) << 16;
     const uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
-    if (exp == 0x1f) return bits_f32(sign | 0x7f800000u | (mant << 13));
+    if (exp == 0x1f) return bits_f32(mant ? 0x7fffffffu : (sign | 0x7f800000u));  // NaN: canonical (GPU-checked)
     if (exp == 0) {
         const float mag = float(mant) * 5.9604644775390625e-08f;  // mant * 2^-24, exact
         return sign ? -mag : mag;
