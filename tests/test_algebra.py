@@ -1,0 +1,138 @@
+"""The ordered algebra and the safety obligations (proofs_ci/coq/Algebra.v, Tactics.v,
+compiler/obligations_safety.py): max is the join of a total order, exp is monotone, and every
+exp argument of a final program is <= 0 where a running max is subtracted.  A running max
+replaced by the constant 0 (exact for any shift, but exp overflows fp32) must fail coqc."""
+from __future__ import annotations
+
+import json
+import shutil
+import types
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from compiler import obligations
+from compiler.derive import derive
+from compiler.ir import Binding, Const, Fold, Let, walk
+from compiler.rules import RULES
+from compiler.spec import load_spec_file
+
+pytestmark = pytest.mark.skipif(shutil.which("coqc") is None, reason="coqc not installed")
+
+ROOT = Path(__file__).resolve().parents[1]
+SOFTMAX = ROOT / "examples" / "softmax_online.yaml"
+FLASH = ROOT / "examples" / "flash_attention.yaml"
+TWO_PASS = ROOT / "examples" / "softmax_two_pass.yaml"
+
+
+@pytest.fixture(scope="module")
+def coq_lib(tmp_path_factory):
+    from proofs_ci import coqlib
+
+    return coqlib.build_library(out_dir=tmp_path_factory.mktemp("coqlib_algebra"))
+
+
+def _coqc(path: Path, lib: Path) -> tuple[bool, str]:
+    from proofs_ci import coqlib
+
+    r = coqlib.check_obligation(path, lib)
+    return r.returncode == 0, r.stdout + r.stderr
+
+
+def _goal(tmp: Path, lib: Path, name: str, body: str) -> tuple[bool, str]:
+    v = tmp / f"{name}.v"
+    v.write_text("From Coq Require Import Arith Lia.\nRequire Import Derivc.All.\n"
+                 "Section G.\nContext {R : Type} {KA : KAlg R}.\n" + body + "\nEnd G.\n")
+    return _coqc(v, lib)
+
+
+def _safety(spec: Path, tmp: Path) -> tuple[Path, dict]:
+    d = derive(load_spec_file(spec), str(spec), check=False)
+    obligations.write_obligations(d, tmp / "proofs")
+    index = json.loads((tmp / "proofs" / "index.json").read_text())
+    return tmp / "proofs" / index["safety"]["files"]["coq"], index["safety"]
+
+
+# --------------------------------------------------------------------------- the order
+
+
+def test_max_is_the_join_and_exp_is_monotone(coq_lib, tmp_path):
+    ok, out = _goal(tmp_path, coq_lib, "Order", """
+Goal forall a b : ext R, ele a b -> max a b = b. Proof. exact max_r. Qed.
+Goal forall a b : ext R, ele b a -> max a b = a. Proof. exact max_l. Qed.
+Goal forall a : ext R, ele ninf a. Proof. exact ele_ninf. Qed.
+Goal forall a b : R, le a b -> le (exp a) (exp b). Proof. exact exp_mono. Qed.
+Goal forall a : R, le a zero -> le (exp a) one. Proof. exact exp_le_one. Qed.
+Goal forall (n : nat) (f : nat -> ext R) j, j < n -> expd_safe (f j) (maxTo n f).
+Proof. intros n f j Hj. apply expd_safe_of_ele, ele_maxTo, Hj. Qed.""")
+    assert ok, out
+
+
+@pytest.mark.parametrize("claim", [
+    # a constant shift is not a max: the argument x - 0 may be positive
+    "forall x : R, expd_safe (Fin x) (Fin zero)",
+    # a finite score minus -inf (a running max never updated) is +inf
+    "forall x : R, expd_safe (Fin x) ninf",
+    # a rescale against ANY old max needs the new max to be max(old, ..)
+    "forall (m : ext R) (x : R), expd_safe m (Fin x)",
+])
+def test_unsafe_exp_arguments_are_not_provable(coq_lib, tmp_path, claim):
+    for k, proof in enumerate(["derivc_safe.", "intros; simpl; first [ exact I | apply le_refl ]."]):
+        ok, out = _goal(tmp_path, coq_lib, f"Unsafe{k}", f"Goal {claim}.\nProof. {proof} Qed.")
+        assert not ok, (claim, proof)
+
+
+def test_rat_model_refutes_a_constant_running_max():
+    text = (ROOT / "proofs_ci/coq/models/ModelRat.v").read_text()
+    assert "Lemma constant_running_max_not_safe" in text and "Admitted" not in text
+
+
+# --------------------------------------------------------------------------- safety obligations
+
+
+@pytest.mark.parametrize("spec", [SOFTMAX, FLASH, TWO_PASS], ids=lambda p: p.stem)
+def test_safety_obligation_of_a_correct_example_passes(spec, coq_lib, tmp_path):
+    v, entry = _safety(spec, tmp_path)
+    text = v.read_text()
+    assert entry["status"] == "full" and len(entry["coq_theorems"]) >= 2
+    assert text.count("expd_safe") >= len(entry["coq_theorems"])
+    assert v.with_suffix(".lean").exists()
+    ok, out = _coqc(v, coq_lib)
+    assert ok, out
+
+
+def _running_max_zero(monkeypatch) -> None:
+    """ONLINE-AGG whose running max is the constant 0: m_new := 0 (exact for any shift)."""
+    oa = RULES["online_agg"]
+    orig = type(oa).rewrite
+
+    def bad(self, prog, p, facts):
+        new = orig(self, prog, p, facts)
+        dd = new.def_named(p.def_)
+        fold = next(x for x in walk(dd.body) if isinstance(x, Fold))
+        binds = tuple(replace(b, value=Const(0.0)) if b.name == facts["m_new"] else b for b in fold.binds)
+        assert binds != fold.binds
+        from compiler.rules.base import replace_node
+
+        return new.with_def(replace(dd, body=replace_node(dd.body, fold, replace(fold, binds=binds))))
+
+    monkeypatch.setattr(oa, "rewrite", types.MethodType(bad, oa))
+
+
+@pytest.mark.parametrize("spec", [SOFTMAX, FLASH], ids=lambda p: p.stem)
+def test_running_max_zero_fails_its_safety_obligation(spec, monkeypatch, coq_lib, tmp_path):
+    _running_max_zero(monkeypatch)
+    v, entry = _safety(spec, tmp_path)
+    assert "= 0" in "\n".join(entry["checked"].split(";")) or "m_new" in entry["checked"]
+    ok, out = _coqc(v, coq_lib)
+    assert not ok, "a running max of 0 overflows exp and must not be provably safe"
+
+
+def test_each_site_is_its_own_theorem(coq_lib, tmp_path, monkeypatch):
+    """With m_new := 0 the sites that subtract m_new fail; the theorem count is unchanged."""
+    v_ok, e_ok = _safety(SOFTMAX, tmp_path / "ok")
+    _running_max_zero(monkeypatch)
+    v_bad, e_bad = _safety(SOFTMAX, tmp_path / "bad")
+    assert e_ok["coq_theorems"] == e_bad["coq_theorems"]
+    assert "Fin zero" in v_bad.read_text() or "zero" in v_bad.read_text()
