@@ -3,8 +3,9 @@
 The exactness obligations (StepNN_<rule>.v) hold for ANY shift m: softmax and ONLINE-AGG are
 exact whatever is subtracted, so a running max replaced by the constant 0 is still "exact" and
 overflows fp32 (exp(s) for s > 88).  Here every exp(a - m) and every rescale(m, m') of the
-final program's definitions is stated as `expd_safe a m` (proofs_ci/coq/Algebra.v: a <= m in
-the order of the extended values, i.e. the argument a - m is <= 0, exp of it is <= 1), with
+final program's definitions is stated as `expd_safe a m` / `rescale_safe m m'`
+(proofs_ci/coq/Algebra.v: the argument is <= 0 and defined, so exp of it is a value <= 1; a
+plain exp of -inf - (-inf), NaN on the GPU, is never safe; rescale(-inf, -inf) = 1 is), with
 everything around the site as in the program: the enclosing loops, reductions and select
 conditions as hypotheses, the enclosing buffers and fold steps as `let`s, fold state from an
 earlier step universally quantified (so a rescale must hold for ANY old running max: only a
@@ -22,7 +23,7 @@ from .obligations_base import Obligation, Thm, _binders, _def_hyps
 from .obligations_terms import A, Exporter, Term, V, san
 from .obligations_types import EXT
 
-THEOREM = "expd_safe_of_ele"
+THEOREM = "expd_safe_of_ele_ne"
 COQ_PROOF = "derivc_safe."
 LEAN_PROOF = "by\n  derivc_safe"
 
@@ -110,7 +111,8 @@ def site_thm(prog: Program, d: Def, path: tuple[int, ...], name: str) -> Thm:
                     env[state] = ("buf", "v_" + san(state))
         e = children(e)[k]
     a, m = site_operands(e)
-    concl: Term = A("expd_safe", ex.lift(*ex.texpr(a, env), EXT), ex.lift(*ex.texpr(m, env), EXT))
+    pred = "rescale_safe" if isinstance(e, Bin) else "expd_safe"
+    concl: Term = A(pred, ex.lift(*ex.texpr(a, env), EXT), ex.lift(*ex.texpr(m, env), EXT))
     for coq, val in reversed(lets):
         concl = ("let", coq, val, concl)
     return Thm(name, _binders(ex), hyps, concl, COQ_PROOF, LEAN_PROOF)

@@ -290,15 +290,31 @@ theorem max_r (a b : Ext R) (h : ele a b) : emax a b = b := by
       show Ext.fin (KAlg.rmax x y) = Ext.fin y
       rw [KAlg.rmax_r x y h]
 
-/-- the safety of exp (a - b): the argument is <= 0 (Coq: `expd_safe`) -/
-def expd_safe : Ext R → Ext R → Prop
+/-- the safety of the IR's rescale(a, b) = exp (a - b): the argument is <= 0
+    (rescale(-inf, -inf) = 1 by convention) (Coq: `rescale_safe`) -/
+def rescale_safe : Ext R → Ext R → Prop
   | Ext.ninf, _ => True
   | Ext.fin _, Ext.ninf => False
   | Ext.fin x, Ext.fin y => KAlg.le (sub x y) KAlg.zero
 
-theorem expd_safe_of_ele (a b : Ext R) (h : ele a b) : expd_safe a b := by
+/-- the safety of a plain exp (a - b): as rescale, except that -inf - (-inf) is NaN
+    (Coq: `expd_safe`) -/
+def expd_safe : Ext R → Ext R → Prop
+  | Ext.fin x, Ext.fin y => KAlg.le (sub x y) KAlg.zero
+  | Ext.ninf, Ext.fin _ => True
+  | _, Ext.ninf => False
+
+theorem rescale_safe_of_ele (a b : Ext R) (h : ele a b) : rescale_safe a b := by
   cases a with
   | ninf => exact True.intro
+  | fin x =>
+    cases b with
+    | ninf => exact False.elim h
+    | fin y => exact le_sub_0 x y h
+
+theorem expd_safe_of_ele_ne (a b : Ext R) (h : ele a b) (hn : a ≠ Ext.ninf) : expd_safe a b := by
+  cases a with
+  | ninf => exact absurd rfl hn
   | fin x =>
     cases b with
     | ninf => exact False.elim h
@@ -308,7 +324,10 @@ theorem expd_safe_le_one (x y : R) (h : expd_safe (Ext.fin x) (Ext.fin y)) :
     KAlg.le (expd (Ext.fin x) (Ext.fin y)) KAlg.one :=
   exp_le_one (sub x y) h
 
-theorem expd_safe_max_l (a b : Ext R) : expd_safe a (emax a b) :=
-  expd_safe_of_ele a (emax a b) (ele_max_l a b)
+theorem rescale_safe_max_l (a b : Ext R) : rescale_safe a (emax a b) :=
+  rescale_safe_of_ele a (emax a b) (ele_max_l a b)
+
+/-- exp (-inf - (-inf)) is NaN: never safe -/
+theorem expd_safe_ninf_ninf : ¬ expd_safe (Ext.ninf : Ext R) Ext.ninf := fun h => h
 
 end Derivc

@@ -349,8 +349,14 @@ macro_rules
       | (apply ele_max_l_of; derivc_ele)
       | (apply ele_maxTo_at; exact ⟨_, by omega, rfl⟩))
 
-/-- a safety obligation `... → let .. in expd_safe a m` -/
+/-- goal `a ≠ Ext.ninf` for the score of an exp site, under the site's select conditions -/
+macro "derivc_not_ninf" : tactic =>
+  `(tactic| (derivc_red; derivc_cases; all_goals (intro h; cases h)))
+
+/-- a safety obligation `... → let .. in expd_safe a m` or `rescale_safe m m'` -/
 macro "derivc_safe" : tactic =>
-  `(tactic| (intros; apply expd_safe_of_ele; derivc_ele))
+  `(tactic| (intros; first
+      | (apply rescale_safe_of_ele; derivc_ele)
+      | (apply expd_safe_of_ele_ne; derivc_ele; derivc_not_ninf)))
 
 end Derivc

@@ -332,22 +332,42 @@ Proof.
   rewrite (rmax_r a b E). reflexivity.
 Qed.
 
-(* the safety of exp (a - b): the argument is <= 0 (a = -inf: exp gives 0; b = -inf with a
-   finite: exp (a - (-inf)) = +inf, unsafe) *)
-Definition expd_safe (a b : ext R) : Prop :=
+(* the safety of the IR's rescale(a, b) = exp (a - b): the argument is <= 0, i.e. a <= b
+   (a = -inf: exp gives 0, and rescale(-inf, -inf) = 1 by the IR's convention; b = -inf with
+   a finite: exp (a - (-inf)) = +inf, unsafe) *)
+Definition rescale_safe (a b : ext R) : Prop :=
   match a, b with
   | NInf, _ => True
   | Fin _, NInf => False
   | Fin x, Fin y => le (sub x y) zero
   end.
 
-Lemma expd_safe_of_ele : forall a b : ext R, ele a b -> expd_safe a b.
+(* the safety of a plain exp (a - b): as rescale, except that -inf - (-inf) is NaN *)
+Definition expd_safe (a b : ext R) : Prop :=
+  match a, b with
+  | Fin x, Fin y => le (sub x y) zero
+  | NInf, Fin _ => True
+  | _, NInf => False
+  end.
+
+Lemma rescale_safe_of_ele : forall a b : ext R, ele a b -> rescale_safe a b.
 Proof. intros [a|] [b|]; simpl; intros E; try exact I; try contradiction. apply le_sub_0. exact E. Qed.
+
+(* a finite (or live) a below b: b is finite too, so exp (a - b) is defined and <= 1 *)
+Lemma expd_safe_of_ele_ne : forall a b : ext R, ele a b -> a <> NInf -> expd_safe a b.
+Proof.
+  intros [a|] [b|]; simpl; intros E N; try contradiction; try exact I;
+    first [ apply le_sub_0; exact E | exfalso; apply N; reflexivity ].
+Qed.
 
 Lemma expd_safe_le_one : forall x y : R, expd_safe (Fin x) (Fin y) -> le (expd (Fin x) (Fin y)) one.
 Proof. intros x y E. simpl. apply exp_le_one. exact E. Qed.
 
-Lemma expd_safe_max_l : forall a b : ext R, expd_safe a (max a b).
-Proof. intros a b. apply expd_safe_of_ele, ele_max_l. Qed.
+Lemma rescale_safe_max_l : forall a b : ext R, rescale_safe a (max a b).
+Proof. intros a b. apply rescale_safe_of_ele, ele_max_l. Qed.
+
+(* exp (-inf - (-inf)) is NaN: never safe *)
+Lemma expd_safe_ninf_ninf : ~ expd_safe NInf NInf.
+Proof. simpl. intros F. exact F. Qed.
 
 End Derived.

@@ -9,8 +9,9 @@
    - the tactic `derivc_congr`, which closes goals `before = after` that agree up to
      linear nat index arithmetic, guards decided by `lia`, in-bounds producer reads
      (`gen_inline`) and commutative-ring identities,
-   - the safety lemmas and the tactic `derivc_safe`, which proves `expd_safe a m` (the exp
-     argument a - m is <= 0) when m is a max over a set containing a: a maxTo over a range,
+   - the safety lemmas and the tactic `derivc_safe`, which proves `expd_safe a m` /
+     `rescale_safe m m'` (the exp argument is <= 0) when the shift is a max over a set
+     containing the other operand: a maxTo over a range,
      a running max max(m_old, maxTo ..), or the final running max of a fold (`ele_foldN`).
    Nothing here is assumed: every lemma is proved from the KAlg fields. *)
 From Coq Require Import Arith Lia Bool Ring.
@@ -340,5 +341,16 @@ Ltac derivc_ele :=
       end
   end.
 
-(* goal: a safety obligation `... -> let .. in expd_safe a m` *)
-Ltac derivc_safe := cbv zeta; intros; apply expd_safe_of_ele; derivc_ele.
+(* goal: a <> NInf for the score of an exp site, under the site's select conditions *)
+Ltac derivc_not_ninf :=
+  derivc_red; repeat (derivc_split; derivc_red; try (exfalso; lia));
+  let E := fresh "E" in intro E; discriminate E.
+
+(* goal: a safety obligation `... -> let .. in expd_safe a m` (exp site) or `rescale_safe m m'`
+   (rescale site) *)
+Ltac derivc_safe :=
+  cbv zeta; intros;
+  lazymatch goal with
+  | |- rescale_safe _ _ => apply rescale_safe_of_ele; derivc_ele
+  | |- expd_safe _ _ => apply expd_safe_of_ele_ne; [ derivc_ele | derivc_not_ninf ]
+  end.
