@@ -47,8 +47,8 @@ def _goal(tmp: Path, lib: Path, name: str, body: str) -> tuple[bool, str]:
     return _coqc(v, lib)
 
 
-def _safety(spec: Path, tmp: Path) -> tuple[Path, dict]:
-    d = derive(load_spec_file(spec), str(spec), check=False)
+def _safety(spec: Path, tmp: Path, upto: int | None = None) -> tuple[Path, dict]:
+    d = derive(load_spec_file(spec), str(spec), check=False, upto=upto)
     obligations.write_obligations(d, tmp / "proofs")
     index = json.loads((tmp / "proofs" / "index.json").read_text())
     return tmp / "proofs" / index["safety"]["files"]["coq"], index["safety"]
@@ -142,3 +142,32 @@ def test_each_site_is_its_own_theorem(coq_lib, tmp_path, monkeypatch):
     v_bad, e_bad = _safety(SOFTMAX, tmp_path / "bad")
     assert e_ok["coq_theorems"] == e_bad["coq_theorems"]
     assert "Fin zero" in v_bad.read_text() or "zero" in v_bad.read_text()
+
+
+def test_unmasked_exp_fails_its_safety_obligation(monkeypatch, coq_lib, tmp_path):
+    """The weights P_t computed without their mask (the mask left only on the acc product): at a
+    masked key of a tile whose running max is still -inf the GPU computes exp(-inf - (-inf)) =
+    NaN, and l sums it.  The exactness algebra has no NaN (undef is a ring element), so the
+    safety obligation is what rejects it: the score of an unguarded exp site must be live."""
+    from compiler.ir import Select
+    from compiler.rules.base import replace_node
+
+    oa = RULES["online_agg"]
+    orig = type(oa).rewrite
+
+    def bad(self, prog, p, facts):
+        new = orig(self, prog, p, facts)
+        dd = new.def_named(p.def_)
+        fold = next(x for x in walk(dd.body) if isinstance(x, Fold))
+        binds = tuple(replace(b, value=b.value.then)
+                      if b.name == facts["P_t"] and isinstance(b.value, Select) else b for b in fold.binds)
+        assert binds != fold.binds
+        return new.with_def(replace(dd, body=replace_node(dd.body, fold, replace(fold, binds=binds))))
+
+    monkeypatch.setattr(oa, "rewrite", types.MethodType(bad, oa))
+    v, _ = _safety(FLASH, tmp_path, upto=8)  # step 9 (MASK) refuses an unguarded P_t itself
+    ok, out = _coqc(v, coq_lib)
+    assert not ok, "an exp evaluated at masked keys must not be provably safe"
+    monkeypatch.undo()
+    v, _ = _safety(FLASH, tmp_path / "ok", upto=8)
+    assert _coqc(v, coq_lib)[0], "the guarded program at the same step is safe"
