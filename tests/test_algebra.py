@@ -68,7 +68,8 @@ Goal forall (n : nat) (f : nat -> ext R) j, j < n -> rescale_safe (f j) (maxTo n
 Proof. intros n f j Hj. apply rescale_safe_of_ele, ele_maxTo, Hj. Qed.
 Goal forall (m : ext R) (x : R), expd_safe (Fin x) (max m (Fin x)).
 Proof. intros m x. apply expd_safe_of_ele_ne; [apply ele_max_r | discriminate]. Qed.
-Goal rescale_safe (R := R) ninf ninf. Proof. exact I. Qed.""")
+Goal rescale_safe (R := R) ninf ninf. Proof. exact I. Qed.
+Goal forall a b : ext R, expd_safe a b -> expd a b = expd_def a b. Proof. exact expd_safe_defined. Qed.""")
     assert ok, out
 
 

@@ -327,6 +327,39 @@ theorem expd_safe_le_one (x y : R) (h : expd_safe (Ext.fin x) (Ext.fin y)) :
 theorem rescale_safe_max_l (a b : Ext R) : rescale_safe a (emax a b) :=
   rescale_safe_of_ele a (emax a b) (ele_max_l a b)
 
+/-- on safe arguments exp (a - b) never meets `undef`: its value is one of these -/
+def expd_def : Ext R → Ext R → R
+  | Ext.fin x, Ext.fin y => KAlg.exp (sub x y)
+  | _, _ => KAlg.zero
+
+def rescale_def : Ext R → Ext R → R
+  | Ext.fin x, Ext.fin y => KAlg.exp (sub x y)
+  | Ext.ninf, Ext.ninf => KAlg.one
+  | _, _ => KAlg.zero
+
+theorem expd_safe_defined (a b : Ext R) (h : expd_safe a b) : expd a b = expd_def a b := by
+  cases a with
+  | ninf =>
+    cases b with
+    | ninf => exact False.elim h
+    | fin y => rfl
+  | fin x =>
+    cases b with
+    | ninf => exact False.elim h
+    | fin y => rfl
+
+theorem rescale_safe_defined (a b : Ext R) (h : rescale_safe a b) :
+    rescale a b = rescale_def a b := by
+  cases a with
+  | ninf =>
+    cases b with
+    | ninf => rfl
+    | fin y => rfl
+  | fin x =>
+    cases b with
+    | ninf => exact False.elim h
+    | fin y => rfl
+
 /-- exp (-inf - (-inf)) is NaN: never safe -/
 theorem expd_safe_ninf_ninf : ¬ expd_safe (Ext.ninf : Ext R) Ext.ninf := fun h => h
 

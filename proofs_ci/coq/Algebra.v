@@ -366,6 +366,26 @@ Proof. intros x y E. simpl. apply exp_le_one. exact E. Qed.
 Lemma rescale_safe_max_l : forall a b : ext R, rescale_safe a (max a b).
 Proof. intros a b. apply rescale_safe_of_ele, ele_max_l. Qed.
 
+(* on safe arguments exp (a - b) never meets `undef`: its value is one of these *)
+Definition expd_def (a b : ext R) : R :=
+  match a, b with
+  | Fin x, Fin y => exp (sub x y)
+  | _, _ => zero
+  end.
+
+Definition rescale_def (a b : ext R) : R :=
+  match a, b with
+  | Fin x, Fin y => exp (sub x y)
+  | NInf, NInf => one
+  | _, _ => zero
+  end.
+
+Lemma expd_safe_defined : forall a b : ext R, expd_safe a b -> expd a b = expd_def a b.
+Proof. intros [a|] [b|]; simpl; intros E; try contradiction; reflexivity. Qed.
+
+Lemma rescale_safe_defined : forall a b : ext R, rescale_safe a b -> rescale a b = rescale_def a b.
+Proof. intros [a|] [b|]; simpl; intros E; try contradiction; reflexivity. Qed.
+
 (* exp (-inf - (-inf)) is NaN: never safe *)
 Lemma expd_safe_ninf_ninf : ~ expd_safe NInf NInf.
 Proof. simpl. intros F. exact F. Qed.
