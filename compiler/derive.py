@@ -184,7 +184,8 @@ def _check_draw(rule: str, ir0: Program, new: Program, draw: Draw, degree: float
         raise DerivationError(
             rule, f"numeric check: the spec program gives non-finite values at sizes {shown} ({what} draw, seed {seed})")
     try:
-        out = run_program(new, sizes, inputs)[new.output]
+        with np.errstate(all="ignore"):  # an overflow of the new program shows in its output
+            out = run_program(new, sizes, inputs)[new.output]
     except (MemoryError, KeyboardInterrupt):
         raise
     except Exception as exc:  # noqa: BLE001 - an ill-formed rewritten program
