@@ -92,6 +92,11 @@ def tiled_extents(prog: Program, params: dict[str, Any]) -> list[TiledExtent]:
     return out
 
 
+def tiled_sizes(programs: list[Program], steps: list[dict[str, Any]]) -> frozenset[str]:
+    """The sizes some step's tile ranges over."""
+    return frozenset(t.size for prog, params in zip(programs, steps) for t in tiled_extents(prog, params))
+
+
 def tile_constraints(prog: Program, params: dict[str, Any]) -> dict[str, set[int]]:
     """{dynamic size name: effective tile sizes on it} for one step (a tile of t on
     ceil((S + c) / d) is a tile of d·t on S)."""

@@ -2,8 +2,9 @@
 
 For each schedule step k (1-based) the rule's parameters are validated, its precondition is
 checked (`rule.check` → facts), the rewrite is applied, and the new program is compared with
-the spec program IR₀ by the reference interpreter in float64 on fresh random inputs at the
-check sizes (relative error ≤ 1e-12).  Any failure stops the derivation:
+the spec program IR₀ by the reference interpreter in float64 on several draws of fresh
+random inputs (plain, large magnitude, masked rows: compiler/draws.py) at the check sizes
+(relative error ≤ 1e-12; a NaN / inf where the spec is finite fails).  Any failure stops the derivation:
 
 - an unknown rule or bad parameters is an input error (`SpecError`, exit 2);
 - a failed precondition or numeric check is a `DerivationError` (exit 3) naming the step.
@@ -18,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from . import ir, progress
-from .checksizes import check_size_notes, choose_check_sizes
+from .checksizes import check_size_notes, choose_check_sizes, tiled_sizes
 from .draws import Draw, DrawPlan, plan_draws, reference
 from .errors import DerivationError, SpecError
 from .interp import rel_error, run_program
@@ -44,7 +45,7 @@ class StepRecord:
     theorem: str
     before_hash: str
     after_hash: str
-    numeric: dict[str, Any] | None  # {sizes, seed, rel_error, tolerance, passed}; None: not checked
+    numeric: dict[str, Any] | None  # {sizes, seed, rel_error (worst draw), tolerance, passed, draws}; None: not checked
     resolved: dict[str, Any] = field(default_factory=dict)  # parameters with defaults filled in
     # Not serialised: what the obligation exporter needs.
     parsed: Any = field(default=None, repr=False, compare=False)
@@ -167,25 +168,25 @@ def numeric_check(rule: str, ir0: Program, new: Program, plan: DrawPlan, seed: i
 
     A failure is a relative error above the tolerance, or a NaN / ±inf of the new program
     where the spec's value is finite (the spec must be finite on every draw)."""
-    return [_check_draw(rule, ir0, new, draw, plan.degree) for draw in plan.draws(seed)]
+    return [_check_draw(rule, ir0, new, plan, draw) for draw in plan.draws(seed)]
 
 
-def _check_draw(rule: str, ir0: Program, new: Program, draw: Draw, degree: float) -> dict[str, Any]:
+def _check_draw(rule: str, ir0: Program, new: Program, plan: DrawPlan, draw: Draw) -> dict[str, Any]:
     shown = ", ".join(f"{n}={v}" for n, v in draw.sizes.items())
     try:
-        draw, tensors, stats = reference(ir0, draw, degree)
+        draw, tensors, score = reference(ir0, draw, plan.degree)
         ref = tensors[ir0.output]
     except Exception as exc:  # noqa: BLE001 - the spec program itself cannot be evaluated
         raise DerivationError(rule, f"numeric check: the spec program fails at sizes {shown}: {_exc_text(exc)}") from None
-    sizes, seed = draw.sizes, draw.seed
+    seed = draw.seed
     what = draw.kind if draw.kind != "large" else f"large (inputs x {draw.scale:.4g})"
-    inputs = draw.inputs(ir0)
     if not np.all(np.isfinite(ref)):
         raise DerivationError(
             rule, f"numeric check: the spec program gives non-finite values at sizes {shown} ({what} draw, seed {seed})")
+    inputs = {name: tensors[name] for name, _ in ir0.inputs}
     try:
         with np.errstate(all="ignore"):  # an overflow of the new program shows in its output
-            out = run_program(new, sizes, inputs)[new.output]
+            out = run_program(new, draw.sizes, inputs)[new.output]
     except (MemoryError, KeyboardInterrupt):
         raise
     except Exception as exc:  # noqa: BLE001 - an ill-formed rewritten program
@@ -199,7 +200,7 @@ def _check_draw(rule: str, ir0: Program, new: Program, draw: Draw, degree: float
         why = (f"{bad} NaN / inf values where the spec is finite" if bad
                else f"relative error {err:.3g} > {TOLERANCE:g}")
         raise DerivationError(rule, f"numeric check failed: {why} at sizes {shown} ({what} draw, seed {seed})")
-    return draw.record(err, stats)
+    return draw.record(err, plan.sizes, score, plan.masked_rows_of(draw))
 
 
 def _exc_text(exc: BaseException) -> str:
@@ -212,9 +213,9 @@ def _exc_text(exc: BaseException) -> str:
 # --------------------------------------------------------------------------- the driver
 
 
-def _plan(ir0: Program, sizes: dict[str, int], base: int, file: str) -> DrawPlan:
+def _plan(ir0: Program, sizes: dict[str, int], base: int, tiled: frozenset[str], file: str) -> DrawPlan:
     try:
-        return plan_draws(ir0, sizes, base)
+        return plan_draws(ir0, sizes, base, tiled)
     except (MemoryError, KeyboardInterrupt):
         raise
     except Exception as exc:  # noqa: BLE001 - the spec program cannot be evaluated at these sizes
@@ -264,7 +265,7 @@ def derive(
     except SpecError as exc:
         raise exc.in_file(file) from None
     notes = tuple(check_size_notes(spec, ir0, sizes, before, step_params)) if check else ()
-    plan = _plan(ir0, sizes, base, file) if check else None
+    plan = _plan(ir0, sizes, base, tiled_sizes(before, step_params), file) if check else None
     programs = [ir0]
     records: list[StepRecord] = []
     prog = ir0
