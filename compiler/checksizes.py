@@ -26,7 +26,7 @@ from typing import Any
 
 from .errors import SpecError
 from .lower_spec import MAX_CHECK_POINTS
-from .ir import Aff, Def, Ext, Fold, Program, Reduce, Softmax, walk
+from .ir import Aff, Def, Ext, Fold, Program, Reduce, Select, Softmax, walk
 from .spec import SpecFile
 
 UNTILED = 5
@@ -54,12 +54,14 @@ class TiledExtent:
     tile: int
 
     def last_extent(self, sizes: dict[str, int]) -> int:
-        """The extent where it is shortest: the last tile of an outer tiling (num = S - T·o + c)."""
+        """The extent where it is shortest: the last tile of an outer tiling (num = S - T·o + c,
+        the outer indices' coefficients multiples of T)."""
         others = [(n, c) for n, c in self.num.terms if n not in sizes]
         if not others:
             return -(-self.num.evaluate(sizes) // self.div)
         known = Aff.build({n: c for n, c in self.num.terms if n in sizes}, self.num.const)
-        outer = abs(others[0][1]) if len(others) == 1 and self.div == 1 else self.div * self.tile
+        step = min(abs(c) for _, c in others)  # the outer tiles start at multiples of it
+        outer = step if self.div == 1 and all(c % step == 0 for _, c in others) else self.div * self.tile
         return (known.evaluate(sizes) - 1) % outer + 1
 
     def partial(self, sizes: dict[str, int]) -> bool:
@@ -84,11 +86,25 @@ def tiled_extents(prog: Program, params: dict[str, Any]) -> list[TiledExtent]:
         ext = _binder_extent(d, index)
         if ext is None:
             continue
-        for aff, div in ext.parts:
+        parts = list(ext.parts)
+        if ext.const_value() is not None:  # a tile's inner index: its guard bounds it by a size
+            parts = [(bound, 1) for bound in _guard_bounds(d, index)]
+        for aff, div in parts:
             for s, coef in aff.terms:
                 if s in declared and coef == 1:
                     out.append(TiledExtent(s, aff, div, size))
         break
+    return out
+
+
+def _guard_bounds(d: Def, index: str) -> list[Aff]:
+    """For each guard `index + rest < rhs` (or <=) of the definition: rhs - rest (+ 1), the
+    number of live values of the index (e.g. M - 128·io for 128·io + ii < M)."""
+    conds = list(d.guard) + [c for e in walk(d.body) if isinstance(e, Select) for c in e.conds]
+    out = []
+    for c in conds:
+        if c.lhs.coef(index) == 1 and c.rhs.coef(index) == 0:
+            out.append(c.rhs - (c.lhs - Aff.of(index)) + (1 if c.op == "<=" else 0))
     return out
 
 

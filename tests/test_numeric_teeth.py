@@ -195,3 +195,60 @@ def test_online_agg_unguarded_p_fails_only_on_the_masked_draw(tmp_path, monkeypa
     mutate_rewrite(monkeypatch, "online_agg", p_unguarded)
     err = assert_fails_at(tmp_path, spec, step_of(spec, "online_agg"), "online_agg")
     assert failing_draw(err) == "masked" and "W=0" in err
+
+
+# --------------------------------------------------------------------------- check sizes
+
+
+NESTED = {
+    "name": "nested_tiles", "sizes": {"M": "dynamic", "N": "dynamic", "K": "dynamic"},
+    "inputs": {"A": {"shape": ["M", "K"], "dtype": "f32"}, "B": {"shape": ["K", "N"], "dtype": "f32"}},
+    "statements": ["C[i, j] = sum(k: A[i, k] * B[k, j])"], "output": {"tensor": "C", "dtype": "f32"},
+    "schedule": [{"rule": "tile", "def": "C", "index": "i", "size": 128},
+                 {"rule": "tile", "def": "C", "index": "io", "size": 2},  # a tile of ceil(M / 128)
+                 {"rule": "tile", "def": "C", "index": "ii", "size": 64},  # inside the guard 128·io + ii < M
+                 {"rule": "tile", "def": "C", "index": "k", "size": 32},
+                 {"rule": "tile", "def": "C", "index": "ki", "size": 24}],
+}
+
+
+def _tiled(spec_dict: dict | Path):
+    from compiler.checksizes import tiled_extents
+    from compiler.derive import derive
+    from compiler.spec import load_spec_file, parse_spec_text
+
+    spec = (load_spec_file(spec_dict) if isinstance(spec_dict, Path)
+            else parse_spec_text(yaml.safe_dump(spec_dict), "spec.yaml"))
+    d = derive(spec, "spec.yaml", seed=1)
+    return d, [(k, t) for k, (prog, step) in enumerate(zip(d.programs, spec.schedule), start=1)
+               for t in tiled_extents(prog, step.params())]
+
+
+def test_nested_tiles_keep_a_partial_last_tile():
+    """Every tile on a dynamic size, nested ones included, has a partial last tile at the
+    chosen sizes: ceil(M / 128) odd for the tile of 2 on io (M = 385 would give 4 full pairs),
+    M - 128·io short of 64 at the last query tile, K - 32·ko not a multiple of 24."""
+    d, tiled = _tiled(NESTED)
+    assert [str(t) for _, t in tiled] == ["tile 128 on M", "tile 2 on ceil(M/128)", "tile 64 on M - 128*ioi - 256*ioo",
+                                          "tile 32 on K", "tile 24 on K - 32*ko"]
+    for k, t in tiled:
+        assert t.partial(d.check_sizes), f"step {k}: {t} at {d.check_sizes}: last extent {t.last_extent(d.check_sizes)}"
+    assert d.check_notes == ()
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_example_tile_has_a_partial_tile_or_says_why_not(path):
+    d, tiled = _tiled(path)
+    for k, t in tiled:
+        if not t.partial(d.check_sizes):
+            assert any(n.startswith(f"step {k}: {t} divides it") for n in d.check_notes), (k, str(t), d.check_notes)
+
+
+def test_a_fixed_extent_a_tile_divides_is_reported(tmp_path):
+    spec = yaml.safe_load((ROOT / "examples" / "softmax_online.yaml").read_text())
+    rc, err = build(tmp_path, spec)
+    assert rc == 0, err
+    note = "step 2: tile 4096 on C divides it (C = 8192 is fixed): no partial last tile"
+    trace = yaml.safe_load((tmp_path / "out" / "derivation.json").read_text())
+    assert trace["check_notes"] == [note]
+    assert f"- {note}" in (tmp_path / "out" / "report.md").read_text()
