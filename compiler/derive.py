@@ -45,7 +45,8 @@ class StepRecord:
     theorem: str
     before_hash: str
     after_hash: str
-    numeric: dict[str, Any] | None  # {sizes, seed, rel_error (worst draw), tolerance, passed, draws}; None: not checked
+    # {sizes, seed, rel_error (the worst draw's), tolerance, passed, draws}; None: not checked
+    numeric: dict[str, Any] | None
     resolved: dict[str, Any] = field(default_factory=dict)  # parameters with defaults filled in
     # Not serialised: what the obligation exporter needs.
     parsed: Any = field(default=None, repr=False, compare=False)
@@ -213,15 +214,15 @@ def _exc_text(exc: BaseException) -> str:
 # --------------------------------------------------------------------------- the driver
 
 
-def _plan(ir0: Program, sizes: dict[str, int], base: int, tiled: frozenset[str], file: str) -> DrawPlan:
+def _plan(rule: str, ir0: Program, sizes: dict[str, int], base: int, tiled: frozenset[str]) -> DrawPlan:
+    """The draws of every step (made at the first step checked, and failing there)."""
     try:
         return plan_draws(ir0, sizes, base, tiled)
     except (MemoryError, KeyboardInterrupt):
         raise
     except Exception as exc:  # noqa: BLE001 - the spec program cannot be evaluated at these sizes
         shown = ", ".join(f"{n}={v}" for n, v in sizes.items())
-        raise DerivationError("check", f"numeric check: the spec program fails at sizes {shown}: {_exc_text(exc)}",
-                              None, file) from None
+        raise DerivationError(rule, f"numeric check: the spec program fails at sizes {shown}: {_exc_text(exc)}") from None
 
 
 Applied = tuple[Rule, StepParams, dict[str, Any], Program]
@@ -265,7 +266,7 @@ def derive(
     except SpecError as exc:
         raise exc.in_file(file) from None
     notes = tuple(check_size_notes(spec, ir0, sizes, before, step_params)) if check else ()
-    plan = _plan(ir0, sizes, base, tiled_sizes(before, step_params), file) if check else None
+    plan: DrawPlan | None = None
     programs = [ir0]
     records: list[StepRecord] = []
     prog = ir0
@@ -280,6 +281,7 @@ def derive(
             progress.report(k - 1, n, f"step {k} ({rule.name})")
             step_seed = base + k
             try:
+                plan = plan or _plan(rule.name, ir0, sizes, base, tiled_sizes(before, step_params))
                 draws = numeric_check(rule.name, ir0, new, plan, step_seed)
             except DerivationError as exc:
                 raise exc.at(k, file) from None
