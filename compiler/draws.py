@@ -30,7 +30,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from .ir import (
-    Aff, Bin, Cond, Const, Def, Expr, Ext, Loop, Program, Reduce, Select, Softmax, TensorType, Un, free_indices,
+    Aff, Bin, Cond, Const, Def, Expr, Loop, Program, Reduce, Select, Softmax, TensorType, Un, free_indices,
 )
 from .interp import run_def, run_program, shape_of
 
