@@ -2,8 +2,9 @@
 
 For each schedule step k (1-based) the rule's parameters are validated, its precondition is
 checked (`rule.check` → facts), the rewrite is applied, and the new program is compared with
-the spec program IR₀ by the reference interpreter in float64 on fresh random inputs at the
-check sizes (relative error ≤ 1e-12).  Any failure stops the derivation:
+the spec program IR₀ by the reference interpreter in float64 on several draws of fresh
+random inputs (plain, large magnitude, masked rows: compiler/draws.py) at the check sizes
+(relative error ≤ 1e-12; a NaN / inf where the spec is finite fails).  Any failure stops the derivation:
 
 - an unknown rule or bad parameters is an input error (`SpecError`, exit 2);
 - a failed precondition or numeric check is a `DerivationError` (exit 3) naming the step.
@@ -18,9 +19,10 @@ from typing import Any
 import numpy as np
 
 from . import ir, progress
-from .checksizes import choose_check_sizes
+from .checksizes import check_size_notes, choose_check_sizes, tiled_sizes
+from .draws import Draw, DrawPlan, plan_draws, reference
 from .errors import DerivationError, SpecError
-from .interp import random_inputs, rel_error, run_program
+from .interp import rel_error, run_program
 from .ir import Program
 from .lower_spec import lower_spec
 from .printer import show_def, show_expr, show_program
@@ -43,7 +45,8 @@ class StepRecord:
     theorem: str
     before_hash: str
     after_hash: str
-    numeric: dict[str, Any] | None  # {sizes, seed, rel_error, tolerance, passed}; None: not checked
+    # {sizes, seed, rel_error (the worst draw's), tolerance, passed, draws}; None: not checked
+    numeric: dict[str, Any] | None
     resolved: dict[str, Any] = field(default_factory=dict)  # parameters with defaults filled in
     # Not serialised: what the obligation exporter needs.
     parsed: Any = field(default=None, repr=False, compare=False)
@@ -71,6 +74,8 @@ class Derivation:
     programs: list[Program]  # IR₀ … IRₙ
     steps: list[StepRecord]
     check_sizes: dict[str, int] = field(default_factory=dict)
+    draw_plan: DrawPlan | None = None  # the draws every step is checked on
+    check_notes: tuple[str, ...] = ()  # tiles without a partial last tile at the check sizes
     seed: int | None = None  # base seed: step k used seed + k
     seed_given: bool = False
 
@@ -158,33 +163,45 @@ def apply_step(
 # --------------------------------------------------------------------------- numeric check
 
 
-def numeric_check(
-    rule: str, ir0: Program, new: Program, sizes: dict[str, int], seed: int
-) -> float:
-    """Relative error of new's output vs IR₀'s on random inputs; raises on failure."""
-    shown = ", ".join(f"{n}={v}" for n, v in sizes.items())
-    rng = np.random.default_rng(seed)
-    inputs = random_inputs(ir0, sizes, rng)
+def numeric_check(rule: str, ir0: Program, new: Program, plan: DrawPlan, seed: int) -> list[dict[str, Any]]:
+    """One record per draw of the plan at the step's seed: new's output vs IR₀'s on the draw's
+    inputs; raises on failure.
+
+    A failure is a relative error above the tolerance, or a NaN / ±inf of the new program
+    where the spec's value is finite (the spec must be finite on every draw)."""
+    return [_check_draw(rule, ir0, new, plan, draw) for draw in plan.draws(seed)]
+
+
+def _check_draw(rule: str, ir0: Program, new: Program, plan: DrawPlan, draw: Draw) -> dict[str, Any]:
+    shown = ", ".join(f"{n}={v}" for n, v in draw.sizes.items())
     try:
-        ref = run_program(ir0, sizes, inputs)[ir0.output]
+        draw, tensors, score = reference(ir0, draw, plan.degree)
+        ref = tensors[ir0.output]
     except Exception as exc:  # noqa: BLE001 - the spec program itself cannot be evaluated
         raise DerivationError(rule, f"numeric check: the spec program fails at sizes {shown}: {_exc_text(exc)}") from None
+    seed = draw.seed
+    what = draw.kind if draw.kind != "large" else f"large (inputs x {draw.scale:.4g})"
     if not np.all(np.isfinite(ref)):
-        raise DerivationError(rule, f"numeric check: the spec program gives non-finite values at sizes {shown}")
+        raise DerivationError(
+            rule, f"numeric check: the spec program gives non-finite values at sizes {shown} ({what} draw, seed {seed})")
+    inputs = {name: tensors[name] for name, _ in ir0.inputs}
     try:
-        out = run_program(new, sizes, inputs)[new.output]
+        with np.errstate(all="ignore"):  # an overflow of the new program shows in its output
+            out = run_program(new, draw.sizes, inputs)[new.output]
     except (MemoryError, KeyboardInterrupt):
         raise
     except Exception as exc:  # noqa: BLE001 - an ill-formed rewritten program
         raise DerivationError(
-            rule, f"numeric check failed: the rewritten program fails at sizes {shown} (seed {seed}): {_exc_text(exc)}"
+            rule, f"numeric check failed: the rewritten program fails at sizes {shown} ({what} draw, seed {seed}): "
+            f"{_exc_text(exc)}"
         ) from None
     err = rel_error(out, ref)
     if not err <= TOLERANCE:
-        raise DerivationError(
-            rule, f"numeric check failed: relative error {err:.3g} > {TOLERANCE:g} at sizes {shown} (seed {seed})"
-        )
-    return err
+        bad = int(np.sum(~np.isfinite(out))) if out.shape == ref.shape else 0
+        why = (f"{bad} NaN / inf values where the spec is finite" if bad
+               else f"relative error {err:.3g} > {TOLERANCE:g}")
+        raise DerivationError(rule, f"numeric check failed: {why} at sizes {shown} ({what} draw, seed {seed})")
+    return draw.record(err, plan.sizes, score, plan.masked_rows_of(draw))
 
 
 def _exc_text(exc: BaseException) -> str:
@@ -195,6 +212,17 @@ def _exc_text(exc: BaseException) -> str:
 
 
 # --------------------------------------------------------------------------- the driver
+
+
+def _plan(rule: str, ir0: Program, sizes: dict[str, int], base: int, tiled: frozenset[str]) -> DrawPlan:
+    """The draws of every step (made at the first step checked, and failing there)."""
+    try:
+        return plan_draws(ir0, sizes, base, tiled)
+    except (MemoryError, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # noqa: BLE001 - the spec program cannot be evaluated at these sizes
+        shown = ", ".join(f"{n}={v}" for n, v in sizes.items())
+        raise DerivationError(rule, f"numeric check: the spec program fails at sizes {shown}: {_exc_text(exc)}") from None
 
 
 Applied = tuple[Rule, StepParams, dict[str, Any], Program]
@@ -231,11 +259,14 @@ def derive(
     # The check sizes depend on the programs the steps apply to: apply them first, and reuse
     # those applications below (a rewrite is a function of the program and the parameters).
     applied = _prepass(ir0, spec, n) if check else []
+    before = [ir0] + [a[3] for a in applied]
+    step_params = [s.params() for s in spec.schedule[:n]]
     try:
-        sizes = choose_check_sizes(spec, ir0, [ir0] + [a[3] for a in applied],
-                                   [s.params() for s in spec.schedule[:n]]) if check else {}
+        sizes = choose_check_sizes(spec, ir0, before, step_params) if check else {}
     except SpecError as exc:
         raise exc.in_file(file) from None
+    notes = tuple(check_size_notes(spec, ir0, sizes, before, step_params)) if check else ()
+    plan: DrawPlan | None = None
     programs = [ir0]
     records: list[StepRecord] = []
     prog = ir0
@@ -250,15 +281,17 @@ def derive(
             progress.report(k - 1, n, f"step {k} ({rule.name})")
             step_seed = base + k
             try:
-                err = numeric_check(rule.name, ir0, new, sizes, step_seed)
+                plan = plan or _plan(rule.name, ir0, sizes, base, tiled_sizes(before, step_params))
+                draws = numeric_check(rule.name, ir0, new, plan, step_seed)
             except DerivationError as exc:
                 raise exc.at(k, file) from None
             numeric = {
                 "sizes": dict(sizes),
                 "seed": step_seed,
-                "rel_error": err,
+                "rel_error": max((d["rel_error"] for d in draws), default=0.0),
                 "tolerance": TOLERANCE,
                 "passed": True,
+                "draws": draws,
             }
         theorem = facts.get("theorem") if isinstance(facts.get("theorem"), str) else rule.theorem
         records.append(
@@ -287,6 +320,8 @@ def derive(
         programs=programs,
         steps=records,
         check_sizes=dict(sizes),
+        draw_plan=plan,
+        check_notes=notes,
         seed=base,
         seed_given=seed is not None,
     )

@@ -30,6 +30,21 @@ def format_sizes(sizes: dict[str, int]) -> str:
     return ", ".join(f"{k}={v}" for k, v in sizes.items())
 
 
+def format_draw(x: dict[str, Any], sizes: dict[str, int]) -> str:
+    """One draw of a step's numeric check, in a few words (its sizes where not `sizes`)."""
+    what = x["kind"]
+    if x.get("scale", 1.0) != 1.0:
+        what += f" x{x['scale']:.3g}"
+    if x["kind"] == "large" and x.get("score_max"):
+        what += f" (score {x['score_max']:.0f})"
+    changed = {k: v for k, v in x.get("sizes", {}).items() if sizes.get(k) != v}
+    if changed:
+        what += f" at {format_sizes(changed)}"
+    if x.get("masked_rows"):
+        what += f", {x['masked_rows']} masked rows"
+    return f"{what}, seed {x['seed']}: {x['rel_error']:.2g}"
+
+
 def step_markdown(s: StepRecord) -> str:
     lines = [f"## Step {s.index}: {s.rule} ({s.kind})", ""]
     lines.append(f"- parameters: {_code(format_params(s.params))}")
@@ -43,14 +58,36 @@ def step_markdown(s: StepRecord) -> str:
     if s.numeric:
         n = s.numeric
         verdict = "passed" if n.get("passed") else "FAILED"
+        draws = "; ".join(format_draw(x, n["sizes"]) for x in n.get("draws", ()))
         lines.append(
-            f"- numeric check: {verdict}; sizes {format_sizes(n['sizes'])}, seed {n['seed']}, "
-            f"relative error {n['rel_error']:.3g} (tolerance {n['tolerance']:g})"
+            f"- numeric check: {verdict} at {format_sizes(n['sizes'])} (tolerance {n['tolerance']:g}): "
+            + (draws or f"seed {n['seed']}, relative error {n['rel_error']:.3g}")
         )
     else:
         lines.append("- numeric check: not run")
     lines.append(f"- program: `{s.before_hash}` → `{s.after_hash}`")
     return "\n".join(lines) + "\n"
+
+
+def _plan_lines(d: Derivation) -> list[str]:
+    plan = d.draw_plan
+    if plan is None:
+        return []
+    lines = ["Draws of every step: plain (standard normal); large (standard normal × "
+             f"{plan.large_scale:.3g}·(1 + 3t) along each input"
+             + (f", largest softmax score {plan.score_max:.0f}: exp without the right shift overflows"
+                if plan.score_max else "") + ")"]
+    if plan.masked_rows:
+        lines[0] += f"; {plan.masked_rows} rows without a live element at the check sizes"
+    elif plan.masked_sizes is not None:
+        changed = {k: v for k, v in plan.masked_sizes.items() if d.check_sizes.get(k) != v}
+        lines[0] += (f"; masked at {format_sizes(changed)} "
+                     f"({plan.masked_draw_rows} rows without a live element)")
+    else:
+        lines[0] += "; no size leaves a row without a live element"
+    lines[0] += "."
+    lines += [f"- {note}" for note in d.check_notes]
+    return lines + [""]
 
 
 def write_report(d: Derivation) -> str:
@@ -69,7 +106,9 @@ def write_report(d: Derivation) -> str:
     out += [f"Spec program (IR₀): `{d.initial.digest()}`", ""]
     if d.check_sizes:
         seed = f"{d.seed}" + ("" if d.seed_given else " (random)")
-        out += [f"Numeric checks at {format_sizes(d.check_sizes)}; base seed {seed}, step k uses seed + k.", ""]
+        out += [f"Numeric checks at {format_sizes(d.check_sizes)}; base seed {seed}, step k uses seed + k "
+                "(its n-th draw seed + k + n·2³²).", ""]
+        out += _plan_lines(d)
     if not d.steps:
         out += ["The schedule is empty: the final program is the spec program.", ""]
     for s in d.steps:

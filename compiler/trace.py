@@ -2,7 +2,9 @@
 
 The trace records the spec (the schedule file's text, canonical JSON and their hashes), IR₀'s
 digest, and for every step the rule, its parameters as written, the facts its precondition
-established, the theorem, the program digests before and after, and the numeric check.  `replay` re-applies the recorded
+established, the theorem, the program digests before and after, and the numeric check (one
+record per draw: kind, seed, scale, largest softmax score, rows without a live element,
+relative error; the plan of draws and the tiles without a partial tile at the top level).  `replay` re-applies the recorded
 (rule, parameters) to the spec without numeric checks; `verify_roundtrip` asserts that this
 gives back exactly the derived program (same digest, equal dataclasses).
 """
@@ -77,6 +79,8 @@ def write_trace(d: Derivation) -> dict[str, Any]:
         "check_sizes": dict(d.check_sizes),
         "seed": d.seed,
         "seed_given": d.seed_given,
+        "draws": d.draw_plan.to_json() if d.draw_plan is not None else None,
+        "check_notes": list(d.check_notes),
         "steps": [s.to_json() for s in d.steps] + codegen_steps(d),
         "final_digest": d.final.digest(),
         "output": d.final.output,
