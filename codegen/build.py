@@ -1,6 +1,6 @@
 """`derivc build`'s codegen stage: final program → kernel IR → checked → printed → cubin → SASS.
 
-1. `lower`: the final program becomes a kernel IR (codegen.lower, total or refused by name).
+1. `lower`: the final program becomes a kernel IR (codegen.kir.lower, total or refused by name).
 2. `lowering` step: the kernel-IR interpreter is compared with the final program's interpreter at
    the derivation's check sizes on fresh random inputs (≤ 1e-12); recorded as the last step of
    derivation.json and report.md.  A mismatch stops the build (exit 3).
@@ -26,9 +26,9 @@ from typing import Any
 
 from compiler.ir import Program
 
-from .kir import Kernel, show_kernel
-from .kir_interp import KirError, validate
-from .lower import LoweringError, lower
+from .kir.ir import Kernel, show_kernel
+from .kir.interp import KirError, validate
+from .kir.lower import LoweringError, lower
 from .mappings import Printed, print_kernel
 from .source import KernelSource
 
@@ -81,8 +81,8 @@ def prepare(derivation: Any) -> tuple[Kernel, dict[str, Any]]:
 
 def print_checked(kernel: Kernel) -> Printed:
     """The kernel IR printed by the mapping its facts ask for (CodegenError when none does)."""
-    from .ctx_common import DEFAULT_OPTIONS
-    from .lower import UnsupportedMapping
+    from .mappings.ctx_common import DEFAULT_OPTIONS
+    from .kir.lower import UnsupportedMapping
 
     try:
         return print_kernel(kernel, DEFAULT_OPTIONS)
@@ -156,7 +156,7 @@ def emit(derivation: Any, outdir: Path, kernel: Kernel | None = None,
 
 def _emit_one(ks: KernelSource, promised: dict[str, Any], outdir: Path, stem: str) -> dict[str, Any]:
     """Compile and check one kernel source: STEM.cu, STEM.cubin, STEM.log, STEM.sass.json."""
-    from .nvrtc import CompileError, compile_cubin, nvrtc_available
+    from .cuda.nvrtc import CompileError, compile_cubin, nvrtc_available
 
     (outdir / f"{stem}.cu").write_text(ks.source)
     result: dict[str, Any] = {"kernel": ks.entry, "threads": ks.threads, "smem_bytes": ks.smem_bytes,
@@ -178,7 +178,7 @@ def _emit_one(ks: KernelSource, promised: dict[str, Any], outdir: Path, stem: st
     result["compiled"] = True
     sass_name = "sass.json" if stem == "kernel" else f"{stem}.sass.json"
     try:
-        from .sass import check_promises, disassemble
+        from .cuda.sass import check_promises, disassemble
 
         report = disassemble(comp.cubin, ptxas_log=comp.log)
     except Exception as exc:  # disassembler missing: the cubin still stands

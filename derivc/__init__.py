@@ -27,10 +27,10 @@ class Kernel:
     """A derived kernel: call it on the spec's inputs, in the order the spec declares them."""
 
     def __init__(self, out_dir: Path):
-        from codegen.ctx_common import DEFAULT_OPTIONS
-        from codegen.lower import lower
+        from codegen.mappings.ctx_common import DEFAULT_OPTIONS
+        from codegen.kir.lower import lower
         from codegen.mappings import print_kernel
-        from codegen.runtime import CompiledKernel
+        from codegen.cuda.runtime import CompiledKernel
         from compiler.trace import replay, spec_of_trace
 
         self.out_dir = Path(out_dir)

@@ -26,7 +26,7 @@ def main() -> None:
     import torch
 
     import derivc
-    from codegen.runtime import _torch_stream
+    from codegen.cuda.runtime import _torch_stream
 
     k = derivc.build(ROOT / "examples" / "flash_attention.yaml", Path(tempfile.mkdtemp()) / "fa")
     q, kk, v = (torch.randn(1, 1, 128, 128, device="cuda", dtype=torch.float16) for _ in range(3))

@@ -1,6 +1,6 @@
 """nvcc -cubin with a sha256-keyed disk cache, for the device scripts (ptxas -v logs).
 
-The product compiles with NVRTC (codegen/nvrtc.py); these scripts compare against nvcc builds.
+The product compiles with NVRTC (codegen/cuda/nvrtc.py); these scripts compare against nvcc builds.
 """
 from __future__ import annotations
 

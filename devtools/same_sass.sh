@@ -18,7 +18,7 @@ for side in old new; do
 done
 dis() { python - "$1" <<'PY'
 import sys
-from codegen.sass import disassemble
+from codegen.cuda.sass import disassemble
 print(disassemble(open(sys.argv[1], "rb").read()).text)
 PY
 }

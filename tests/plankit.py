@@ -6,7 +6,7 @@ from __future__ import annotations
 from compiler.ir import Aff, Cond, Ext
 
 from codegen.mappings.online_fold import FoldMask, mask_context
-from codegen.plan import AttentionPlan, ContractionPlan, GridAxis, Operand
+from codegen.mappings.plan import AttentionPlan, ContractionPlan, GridAxis, Operand
 
 
 def gemm(name: str, dtype: str = "f16", out_dtype: str | None = None, *, batch: bool = False,

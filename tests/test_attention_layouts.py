@@ -21,15 +21,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import codegen.ctx_common as ctx_common
-from codegen.ctx_common import Sizes, attn_addressing, with_roles
-from codegen.grid import axis_blocks, block_index_c
-from codegen.kir import Kernel, Stage, TensorArg, TileLoop
-from codegen.lower import UnsupportedMapping, lower
+import codegen.mappings.ctx_common as ctx_common
+from codegen.mappings.ctx_common import Sizes, attn_addressing, with_roles
+from codegen.kir.grid import axis_blocks, block_index_c
+from codegen.kir.ir import Kernel, Stage, TensorArg, TileLoop
+from codegen.kir.lower import UnsupportedMapping, lower
 from codegen.mappings import online_fold
-from codegen.render import _attention_ctx
-from codegen.render_attn_wgmma import _context as wgmma_context
-from codegen.render_attn_wgmma import tma_view
+from codegen.mappings.render import _attention_ctx
+from codegen.mappings.render_attn_wgmma import _context as wgmma_context
+from codegen.mappings.render_attn_wgmma import tma_view
 from compiler.derive import derive
 from compiler.ir import Read, Select
 from compiler.spec import load_spec_file
@@ -290,7 +290,7 @@ def test_parallel_step_records_the_shared_axis(tmp_path):
 # ------------------------------------------------------------------ the examples through NVRTC / SASS
 @pytest.mark.parametrize("example", ["flash_attention_wgmma_bnhd", "attention_gqa"])
 def test_new_examples_build_to_wgmma_kernels(example, tmp_path):
-    from codegen.nvrtc import nvrtc_available
+    from codegen.cuda.nvrtc import nvrtc_available
     from compiler.cli import build_to
 
     out = tmp_path / example

@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from codegen.lower import lower
+from codegen.kir.lower import lower
 from codegen.mappings import online_fold
-from codegen.nvrtc import nvrtc_available
+from codegen.cuda.nvrtc import nvrtc_available
 from compiler.derive import derive
 from compiler.ir import Bin, Un
 from compiler.spec import load_spec_file
@@ -201,7 +201,7 @@ def test_printed_key_tile_range_never_skips_a_kept_element(tmp_path, capsys):
 @pytest.mark.parametrize("mutation", ["late_start", "wrong_corner"])
 def test_a_wrong_first_tile_is_caught(tmp_path, monkeypatch, mutation):
     """Mutate the first-tile printer once: the brute force finds a kept element outside the range."""
-    from codegen import cexpr
+    from codegen.mappings import cexpr
 
     real = cexpr.first_tile_c
 

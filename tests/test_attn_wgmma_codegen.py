@@ -1,4 +1,4 @@
-"""wgmma attention codegen (codegen/render_attn_wgmma.py), CPU only: render, compile with NVRTC for
+"""wgmma attention codegen (codegen/mappings/render_attn_wgmma.py), CPU only: render, compile with NVRTC for
 sm_90a, check the SASS (HGMMA with a register A operand, TMA loads, no local memory, no serialized
 wgmma pipeline, setmaxnreg honoured) and the plan validation. The GPU check is
 tests/gpu (kernels derived from specs)."""
@@ -14,9 +14,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from codegen import nvrtc, sass  # noqa: E402
+from codegen.cuda import nvrtc, sass  # noqa: E402
 from plankit import attention, mask  # noqa: E402
-from codegen.render_attn_wgmma import (render_attn_wgmma,  # noqa: E402
+from codegen.mappings.render_attn_wgmma import (render_attn_wgmma,  # noqa: E402
                                        tma_supported_attn)
 
 needs_sass = pytest.mark.skipif(not (nvrtc.nvrtc_available() and sass.sass_available()),

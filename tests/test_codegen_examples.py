@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from codegen.nvrtc import nvrtc_available
+from codegen.cuda.nvrtc import nvrtc_available
 from compiler.cli import build_to
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""The contraction epilogue (codegen/epilogue.py): the kernel IR's stored value printed to C.
+"""The contraction epilogue (codegen/mappings/epilogue.py): the kernel IR's stored value printed to C.
 
 - Generated epilogues (random trees over the accumulator, guarded reads bias[j], bias[N-1-j],
   C0[i, j], C0[j, i], index values, constants, + - * / max and the unary functions) are printed
@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from codegen import epilogue as epi_mod
-from codegen.lower import UnsupportedMapping, lower
+from codegen.mappings import epilogue as epi_mod
+from codegen.kir.lower import UnsupportedMapping, lower
 from codegen.mappings.contraction import match
 from compiler.derive import derive
 from compiler.ir import Aff, Bin, Cond, Const, IndexValue, Read, Reduce, Select, Un
@@ -325,7 +325,7 @@ def _build(path: Path, out: Path):
 def test_examples_build_with_their_epilogue(name, reads, tmp_path):
     import json
 
-    from codegen.nvrtc import nvrtc_available
+    from codegen.cuda.nvrtc import nvrtc_available
 
     plan = _build(EX / f"{name}.yaml", tmp_path / name)
     epi = plan["plan"]["epilogue"]
@@ -346,7 +346,7 @@ def test_examples_build_with_their_epilogue(name, reads, tmp_path):
 def test_mma_sync_mapping_prints_the_epilogue(tmp_path):
     import json
 
-    from codegen.nvrtc import nvrtc_available
+    from codegen.cuda.nvrtc import nvrtc_available
 
     text = (EX / "gemm.yaml").read_text()
     text = text.replace("C[i, j] = sum(k: A[i, k] * B[k, j])",

@@ -1,4 +1,4 @@
-"""The instruction-wrapper layer (codegen/templates/constructs/instr.cu.j2), CPU only.
+"""The instruction-wrapper layer (codegen/mappings/templates/constructs/instr.cu.j2), CPU only.
 
 Every mapping's kernel (the examples, generated specs of tests/specgen.py, and the hand-built
 wgmma plans of tests/plankit.py, each with its TMA variant) keeps its inline PTX in one wrapper
@@ -23,10 +23,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from codegen.build import prepare  # noqa: E402
-from codegen.ctx_common import DEFAULT_OPTIONS  # noqa: E402
+from codegen.mappings.ctx_common import DEFAULT_OPTIONS  # noqa: E402
 from codegen.mappings import REGISTRY, print_kernel  # noqa: E402
-from codegen.render_attn_wgmma import render_attn_wgmma  # noqa: E402
-from codegen.render_wgmma import render_wgmma  # noqa: E402
+from codegen.mappings.render_attn_wgmma import render_attn_wgmma  # noqa: E402
+from codegen.mappings.render_wgmma import render_wgmma  # noqa: E402
 from compiler.derive import derive  # noqa: E402
 from compiler.spec import load_spec_file  # noqa: E402
 from plankit import attention, gemm, mask  # noqa: E402
@@ -246,7 +246,7 @@ def test_generated_and_planned_kernels_keep_instructions_in_the_layer(generated_
 def _layer_macros_rendered() -> str:
     """Every macro of the layer printed once (wgmma ones at one sample shape)."""
     import jinja2
-    from codegen.templates_env import _env
+    from codegen.mappings.templates_env import _env
 
     module = _env.get_template("constructs/instr.cu.j2").module
     sample = {"fname": "sample_wrapper", "n": 64, "dtype": "bf16", "trans_b": True}

@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("compiler", "codegen", "derivc")
-T = "codegen/templates/"
+T = "codegen/mappings/templates/"
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ MUTATIONS = (
              "l_r[h] = l_r[h] * alpha[h] + ls;", "l_r[h] = l_r[h] + ls;"),
     Mutation("wgmma_fold_drops_acc_rescale", "flash_attention_wgmma.yaml", T + "online_fold_wgmma.cu.j2",
              "{{ wa.rescale_rows('o', 'alpha', D) | indent(12) }}", ""),
-    Mutation("mask_le_printed_as_lt", "flash_attention.yaml", "codegen/cexpr.py",
+    Mutation("mask_le_printed_as_lt", "flash_attention.yaml", "codegen/mappings/cexpr.py",
              'return f"({aff_c(c.lhs, names)} {c.op} {aff_c(c.rhs, names)})"',
              'return f"({aff_c(c.lhs, names)} {\'<\' if c.op == \'<=\' else c.op} {aff_c(c.rhs, names)})"'),
     Mutation("fold_tail_store_unguarded", "flash_attention.yaml", T + "online_fold.cu.j2",
@@ -72,9 +72,9 @@ MUTATIONS = (
              "ldsm_x4_t(bf[", "ldsm_x4(bf["),
     Mutation("ldmatrix_v_not_transposed", "flash_attention.yaml", T + "online_fold.cu.j2",
              "ldsm_x4_t(vb[", "ldsm_x4(vb["),
-    Mutation("epilogue_drops_a_term", "gemm_bias_relu.yaml", "codegen/epilogue.py",
+    Mutation("epilogue_drops_a_term", "gemm_bias_relu.yaml", "codegen/mappings/epilogue.py",
              'return f"({a} {BINARY[e.op]} {b})"', 'return f"({a})" if e.op == "+" else f"({a} {BINARY[e.op]} {b})"'),
-    Mutation("gqa_head_map_wrong", "attention_gqa.yaml", "codegen/grid.py",
+    Mutation("gqa_head_map_wrong", "attention_gqa.yaml", "codegen/kir/grid.py",
              "x = f\"({x} / (", "x = f\"({x} % ("),
     Mutation("wgmma_fold_mask_dropped", "attention_strict_causal.yaml", T + "online_fold_wgmma.cu.j2",
              "{{ mask_keep('row', 'col', '(kv0 / ' ~ BN ~ ')') }} ? sv : neg_inf()", "sv"),

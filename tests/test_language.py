@@ -147,7 +147,7 @@ def test_tiled_program_with_functions_and_index_values_builds_and_proves():
 
 def test_kernel_ir_validation_catches_a_wrong_index_value(monkeypatch):
     """A lowering that loses the sign of an index value is caught by the kernel-IR check."""
-    import codegen.lower as lower_mod
+    import codegen.kir.lower as lower_mod
     from compiler.ir import Aff
 
     real = lower_mod._Lowering.expr

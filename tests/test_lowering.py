@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from codegen import kir_interp
-from codegen.kir import Compute, TileLoop
-from codegen.lower import LoweringError, lower
+from codegen.kir import interp as kir_interp
+from codegen.kir.ir import Compute, TileLoop
+from codegen.kir.lower import LoweringError, lower
 from codegen.mappings import print_kernel
-from codegen.ctx_common import DEFAULT_OPTIONS
+from codegen.mappings.ctx_common import DEFAULT_OPTIONS
 from compiler.derive import derive
 from compiler.ir import Bin, Const, Read, Select
 from compiler.spec import load_spec_file
@@ -53,9 +53,11 @@ def test_every_build_records_the_lowering_step(tmp_path):
     code, err, out = build(tmp_path, EX / "gemm.yaml")
     assert code == 0, err
     trace = json.loads((out / "derivation.json").read_text())
-    last = trace["steps"][-1]
-    assert last["rule"] == "lowering" and last["numeric"]["passed"]
-    assert last["numeric"]["rel_error"] <= 1e-12
+    # the lowering step, then the kernel step (the printed kernel run through the emulation)
+    low, kern = trace["steps"][-2:]
+    assert low["rule"] == "lowering" and low["numeric"]["passed"]
+    assert low["numeric"]["rel_error"] <= 1e-12
+    assert kern["rule"] == "kernel" and kern["numeric"]["passed"]
     assert "lowering" in (out / "report.md").read_text()
     assert (out / "kir.txt").read_text().startswith("kernel derivc_gemm")
 
@@ -93,7 +95,7 @@ def test_lowering_refuses_what_it_cannot_translate(tmp_path):
 
 def test_a_wrong_lowering_stops_the_build(tmp_path, monkeypatch):
     """A lowering that drops a condition is caught by the translation validation (exit 3)."""
-    import codegen.lower as low
+    import codegen.kir.lower as low
 
     orig = low._Lowering.expr
 
@@ -192,7 +194,7 @@ def test_fold_printer_refuses_an_update_it_does_not_implement(tmp_path, source, 
             return Read("m", ())
         return upd
 
-    from codegen.lower import UnsupportedMapping
+    from codegen.kir.lower import UnsupportedMapping
 
     with pytest.raises(UnsupportedMapping, match="update"):
         print_kernel(_map_fold(k, mutate), DEFAULT_OPTIONS)
@@ -223,7 +225,7 @@ def test_score_mask_must_match_between_s_and_p(tmp_path):
     changed = replace(p_stmt, value=Select(sel.conds[:1], sel.then, sel.other))
     k2 = replace(k, body=tuple(replace(s, body=tuple(changed if t is p_stmt else t for t in s.body))
                                if s is loop else s for s in k.body))
-    from codegen.lower import UnsupportedMapping
+    from codegen.kir.lower import UnsupportedMapping
 
     with pytest.raises(UnsupportedMapping, match="mask"):
         print_kernel(k2, DEFAULT_OPTIONS)
@@ -303,7 +305,7 @@ def test_mutated_rules_never_yield_a_kernel(tmp_path, monkeypatch, key):
 def test_fold_printer_refuses_a_partial_head_sum(tmp_path):
     """A score that sums only part of the head dimension is not what the templates compute."""
     from compiler.ir import Ext
-    from codegen.lower import UnsupportedMapping
+    from codegen.kir.lower import UnsupportedMapping
 
     d, k = _fold_kernel(tmp_path)
     loop = next(s for s in k.body if isinstance(s, TileLoop))

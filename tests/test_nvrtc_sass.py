@@ -14,7 +14,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a bare checkout
 
-from codegen import cache, nvrtc, sass
+from codegen.cuda import cache, nvrtc, sass
 
 needs_nvrtc = pytest.mark.skipif(
     not nvrtc.nvrtc_available(),
@@ -299,7 +299,7 @@ def test_compile_error_carries_log():
 
 @needs_sass
 def test_nvdisasm_fallback_when_cuobjdump_missing(monkeypatch):
-    from codegen import toolchain
+    from codegen.cuda import toolchain
 
     if toolchain.find_tool("nvdisasm") is None:
         pytest.skip("nvdisasm not installed")

@@ -254,7 +254,7 @@ def test_sigterm_at_any_moment_of_a_real_build(tmp_path: Path):
 
 
 def _nvrtc_fails(monkeypatch):
-    import codegen.nvrtc as nvrtc
+    import codegen.cuda.nvrtc as nvrtc
 
     log = 'kernel.cu(12): error: identifier "tile_x" is undefined\nkernel.cu(14): error: expected a ";"\n2 errors detected\n'
 

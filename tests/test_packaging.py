@@ -58,7 +58,7 @@ def test_wheel_contents(wheel: Path):
     names = set(zipfile.ZipFile(wheel).namelist())
     coq = {p.relative_to(ROOT).as_posix() for p in (ROOT / "proofs_ci" / "coq").rglob("*.v")}
     lean = {p.relative_to(ROOT).as_posix() for p in (ROOT / "lean").rglob("*.lean") if ".lake" not in p.parts}
-    templates = {p.relative_to(ROOT).as_posix() for p in (ROOT / "codegen" / "templates").rglob("*.j2")}
+    templates = {p.relative_to(ROOT).as_posix() for p in (ROOT / "codegen" / "mappings" / "templates").rglob("*.j2")}
     for group in (coq, lean, templates, {"proofs_ci/coq/_CoqProject", "lean/lakefile.toml", "lean/lean-toolchain",
                                          "codegen/mappings/__init__.py", "compiler/names.py"}):
         assert group and group <= names, sorted(group - names)

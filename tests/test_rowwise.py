@@ -23,9 +23,9 @@ import yaml
 
 from rulekit import apply, apply_steps, check_fails, numeric_error, program_of
 
-from codegen import nvrtc
-from codegen.kir import Compute, Kernel, Stage
-from codegen.lower import UnsupportedMapping, lower
+from codegen.cuda import nvrtc
+from codegen.kir.ir import Compute, Kernel, Stage
+from codegen.kir.lower import UnsupportedMapping, lower
 from codegen.mappings import rowwise
 from compiler.derive import derive
 from compiler.ir import Aff, Bin, Const, Fold, Let, Read, Reduce
@@ -116,7 +116,7 @@ def test_generated_row_specs_printed_or_refused_by_name(tmp_path, k):
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     d = derive(load_spec_file(path), str(path), seed=k)  # every step checked numerically
     kernel = lower(d.programs[-1], spec["name"])
-    from codegen.kir_interp import validate
+    from codegen.kir.interp import validate
 
     sizes = {"R": 3, "C": spec["sizes"]["C"] if spec["sizes"]["C"] != "dynamic" else 45}
     assert validate(kernel, d.programs[-1], sizes, seed=k)["rel_error"] <= 1e-12

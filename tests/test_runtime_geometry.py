@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from codegen.ctx_common import DEFAULT_OPTIONS
-from codegen.lower import lower
+from codegen.mappings.ctx_common import DEFAULT_OPTIONS
+from codegen.kir.lower import lower
 from codegen.mappings import print_kernel
-from codegen.runtime import CompiledKernel
+from codegen.cuda.runtime import CompiledKernel
 from compiler.derive import derive
 from compiler.spec import load_spec_file
 

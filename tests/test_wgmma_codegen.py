@@ -1,4 +1,4 @@
-"""wgmma contraction codegen (codegen/render_wgmma.py), CPU only: render, compile with NVRTC for
+"""wgmma contraction codegen (codegen/mappings/render_wgmma.py), CPU only: render, compile with NVRTC for
 sm_90a, check the SASS (HGMMA, async copies, no local memory, no serialized wgmma pipeline) and
 the plan validation (plans built by hand in tests/plankit.py; the kernels that run come from
 specs, tests/gpu)."""
@@ -12,9 +12,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from codegen import nvrtc, sass  # noqa: E402
+from codegen.cuda import nvrtc, sass  # noqa: E402
 from plankit import gemm  # noqa: E402
-from codegen.render_wgmma import render_wgmma, tma_supported  # noqa: E402
+from codegen.mappings.render_wgmma import render_wgmma, tma_supported  # noqa: E402
 
 needs_nvrtc = pytest.mark.skipif(not nvrtc.nvrtc_available(), reason="NVRTC not installed")
 needs_sass = pytest.mark.skipif(not (nvrtc.nvrtc_available() and sass.sass_available()),
@@ -87,7 +87,7 @@ def test_compiles_to_hgmma_without_local_memory(key):
 
 @needs_nvrtc
 def test_derived_schedule_renders_and_compiles():
-    from codegen.lower import lower
+    from codegen.kir.lower import lower
     from codegen.mappings import contraction
     from compiler.derive import derive
     from compiler.spec import load_spec_file

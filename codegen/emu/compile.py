@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from pathlib import Path
 
-from codegen.cache import cache_dir
+from codegen.cuda.cache import cache_dir
 
 INCLUDE = Path(__file__).resolve().parent / "include"
 CXX = os.environ.get("DERIVC_EMU_CXX", "g++")

@@ -13,8 +13,8 @@ import numpy as np
 from compiler.machine import DTYPES
 
 from ..mappings import Printed, mapping_named
-from ..runtime import geometry
-from ..tma import encode_emulated
+from ..cuda.runtime import geometry
+from ..cuda.tma import encode_emulated
 from .launch import EmuError, compile_emulated
 
 GUARD = 4096    # poisoned bytes on each side of a tensor

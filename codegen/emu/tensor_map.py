@@ -1,4 +1,4 @@
-"""The emulated CUtensorMap: what codegen/tma.py's encode_tiled asks cuTensorMapEncodeTiled for,
+"""The emulated CUtensorMap: what codegen/cuda/tma.py's encode_tiled asks cuTensorMapEncodeTiled for,
 encoded without a driver into the 128-byte layout derivc_emu_ops.h (struct TensorMap) reads.
 
 Layout (little endian; entries past the rank are 0):
@@ -25,7 +25,7 @@ MAX_RANK = 5
 DATA_TYPES: dict[str, tuple[int, int]] = {"f16": (6, 2), "f32": (7, 4), "bf16": (9, 2)}
 # swizzle name -> (CUtensorMapSwizzle, span in bytes; 0: none)
 SWIZZLES: dict[str, tuple[int, int]] = {"none": (0, 0), "32B": (1, 32), "64B": (2, 64), "128B": (3, 128)}
-_L2_PROMOTION_256B = 3  # as codegen/tma.py asks the driver for
+_L2_PROMOTION_256B = 3  # as codegen/cuda/tma.py asks the driver for
 
 _LAYOUT = struct.Struct("<IIQIIBBBBI5Q5Q5H5BB")
 assert _LAYOUT.size == SIZE
@@ -55,7 +55,7 @@ def _pad(values: list[int], fill: int = 0) -> list[int]:
 
 def encode_tiled_emulated(dtype: str, ptr: int, dims: list[int], box: list[int],
                           strides_elems: list[int] | None = None, swizzle: str = "128B") -> bytes:
-    """The 128 bytes of an emulated tiled tensor map, from the arguments codegen/tma.encode_tiled
+    """The 128 bytes of an emulated tiled tensor map, from the arguments codegen/cuda/tma.encode_tiled
     takes: dims and box innermost first (dim 0 has stride 1), strides_elems the element strides of
     dims 1.. (contiguous when omitted), zero fill out of bounds, element strides 1."""
     if dtype not in DATA_TYPES:

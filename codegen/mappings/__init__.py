@@ -6,13 +6,22 @@ their templates implement, and refuse by name otherwise.  The instruction comes 
 IR (MAP-MMA's facts on its tile sums), never from a guess: a kernel IR with tensor-core facts is
 printed by a tensor-core mapping or the build stops.  A new family or GPU generation is one
 module that calls `register`, plus its templates.
+
+Layout: every printer sits here with its templates.  The registry (`registry`, `common`) and one
+module per family (`contraction`, `online_fold`, `rowwise`, `simt`); the tensor-core renderers
+(`render` for mma.sync, `render_wgmma`, `render_attn_wgmma`) with their plans and contexts
+(`plan`, `ctx_common`, `launch`: the mma.sync shared-memory layout, `epilogue`); `cexpr`, the C
+printer of the kernel IR's conditions, affine forms and values; `templates_env` and `templates/`
+(one skeleton per mapping, `templates/constructs/` the macros they share).  The split is flat,
+not one subpackage per family, because renderers and constructs are shared across families
+(`render` prints both the mma.sync contraction and the mma.sync online fold).
 """
 from __future__ import annotations
 
 from compiler.ir import Reduce
 
-from ..kir import Kernel, sub_expressions
-from ..lower import UnsupportedMapping
+from ..kir.ir import Kernel, sub_expressions
+from ..kir.lower import UnsupportedMapping
 from .registry import REGISTRY, Mapping, Printed, Variant, register
 
 __all__ = ["REGISTRY", "Mapping", "Printed", "Variant", "register", "instruction", "print_kernel", "mapping_named"]

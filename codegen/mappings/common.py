@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from compiler.ir import Aff, Cond, Const, Expr, Read, Select
 
-from ..kir import Kernel
+from ..kir.ir import Kernel
 from ..source import KernelSource, Launch
-from ..lower import UnsupportedMapping
-from ..plan import GridAxis, Operand
+from ..kir.lower import UnsupportedMapping
+from .plan import GridAxis, Operand
 
 
 def refuse(mapping: str, what: str) -> UnsupportedMapping:

@@ -13,21 +13,21 @@ The meaning these printers implement, with every part taken from the kernel IR:
 `bounds` are tile tails (`BM*io + r < M`, ...), zero-filled by the copies and guarded at the
 store; an inner condition is accepted only when it is one of the operands' zero-fill bounds at
 the read position (so dropping it changes nothing).  Anything else — a mask inside the sum, a
-transposed A, an epilogue the printer cannot print (codegen.epilogue), a skipped tile range — is
+transposed A, an epilogue the printer cannot print (codegen.mappings.epilogue), a skipped tile range — is
 refused by name; the SIMT mapping prints any kernel IR.  The epilogue is printed from the kernel
-IR's stored value (codegen.epilogue), with bound guards on its reads.
+IR's stored value (codegen.mappings.epilogue), with bound guards on its reads.
 """
 from __future__ import annotations
 
 from compiler.ir import Aff, Bin, Const, Expr, Ext, Read, Reduce, Select
 
-from ..ctx_common import ident
-from ..epilogue import plan_epilogue, scalar_bindings
-from ..kir import Kernel, Stage, TileLoop
-from ..plan import ContractionPlan
-from ..render import render_contraction
-from ..render_wgmma import encode_tensor_maps, render_wgmma, tma_supported
-from ..tma import Encoder, encode_driver
+from .ctx_common import ident
+from .epilogue import plan_epilogue, scalar_bindings
+from ..kir.ir import Kernel, Stage, TileLoop
+from .plan import ContractionPlan
+from .render import render_contraction
+from .render_wgmma import encode_tensor_maps, render_wgmma, tma_supported
+from ..cuda.tma import Encoder, encode_driver
 from .registry import Mapping, Printed, Variant, register
 from .common import bound_cond, grid_axes, launch_of, operand, refuse, size_name, staged, tile_coord
 

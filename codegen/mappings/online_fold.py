@@ -2,7 +2,7 @@
 tile range and scale off the kernel IR.
 
 The meaning these printers implement (names are the kernel IR's own; MASK any conjunction of
-affine conditions, printed by codegen.cexpr — never a flag):
+affine conditions, printed by codegen.mappings.cexpr — never a flag):
 
     stage Q_t[r < BM, e < D] = [bound] ? Q[.., BM*io + r, .., e] : 0        (any layout, see below)
     for jo < EXT carrying (m = -inf, l = 0, acc = 0):            EXT printed as written (MASK skip)
@@ -26,7 +26,7 @@ SCALE must be a positive constant (without a TERM the kernels take the row max b
 TERM, the additive score term (ALiBi's `Slope[h] * idx(j - i)`, a bias `Bias[b, h, i, j]`), is any
 element-wise expression of constants, index values and reads of the kernel's inputs at the query
 row, key column, tiles, batch indices and sizes; it is printed from the kernel IR by
-codegen.cexpr.value_c, every read guarded by its tensor's bounds.  Every part is compared with the
+codegen.mappings.cexpr.value_c, every read guarded by its tensor's bounds.  Every part is compared with the
 kernel IR; any other update (a dropped rescale, a running max that is not updated, another score)
 is refused by name.
 """
@@ -37,12 +37,12 @@ from dataclasses import dataclass, replace
 from compiler.ir import Aff, Bin, Cond, Const, Expr, Ext, IndexValue, Read, Reduce, Select, Un, walk
 from compiler.printer import show_expr
 
-from ..kir import Compute, Kernel, Stage, TileLoop
-from ..ctx_common import loop_block_var
-from ..plan import AttentionPlan, Operand
-from ..render import render_fold
-from ..render_attn_wgmma import encode_attn_tensor_maps, render_attn_wgmma
-from ..tma import Encoder, encode_driver
+from ..kir.ir import Compute, Kernel, Stage, TileLoop
+from .ctx_common import loop_block_var
+from .plan import AttentionPlan, Operand
+from .render import render_fold
+from .render_attn_wgmma import encode_attn_tensor_maps, render_attn_wgmma
+from ..cuda.tma import Encoder, encode_driver
 from .registry import Mapping, Printed, Variant, register
 from .common import bound_cond, grid_axes, launch_of, operand, refuse, staged
 
@@ -335,8 +335,8 @@ def mask_context(mask: FoldMask, plan: AttentionPlan) -> dict:
     score_term(row, col, ktile, rowf, colf) is the additive score term (rowf / colf: the row and
     column as exact floats, so that an index value costs float adds, not a conversion each).
     """
-    from ..cexpr import aff_c, box_extremes, conds_c, ext_c, first_tile_c, read_c, value_c
-    from ..cexpr import size_names as c_sizes
+    from .cexpr import aff_c, box_extremes, conds_c, ext_c, first_tile_c, read_c, value_c
+    from .cexpr import size_names as c_sizes
 
     sizes = c_sizes(tuple(plan.fixed) + tuple((n, None) for n in plan.dynamic))
     bn, bm = plan.block_n, plan.block_m

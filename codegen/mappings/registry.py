@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..kir import Kernel
+from ..kir.ir import Kernel
 from ..source import KernelSource, Launch
 
 
@@ -33,7 +33,7 @@ class Mapping:
     instr: str | None
     render: Callable[[Kernel, tuple[str, ...]], Printed]
     # host side at a call: (printed, sizes, pointers[, tensor-map encoder]) -> (variant index, extra
-    # argument bytes or None); the encoder defaults to the driver's (codegen.tma.encode_driver)
+    # argument bytes or None); the encoder defaults to the driver's (codegen.cuda.tma.encode_driver)
     host: Callable[..., tuple[int, bytes | None]] | None = None
 
 

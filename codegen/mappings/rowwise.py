@@ -32,11 +32,11 @@ from dataclasses import dataclass
 from compiler.ir import Aff, Bin, Const, Expr, IndexValue, Read, Reduce, Select, Un, walk
 from compiler.machine import DTYPES
 
-from ..cexpr import aff_c, conds_c, float_const_c, index_value_c, size_names, unary_c
-from ..kir import Compute, Kernel, Stage, TileLoop
-from ..lower import UnsupportedMapping
+from .cexpr import aff_c, conds_c, float_const_c, index_value_c, size_names, unary_c
+from ..kir.ir import Compute, Kernel, Stage, TileLoop
+from ..kir.lower import UnsupportedMapping
 from ..source import KernelSource, Launch
-from ..templates_env import render_template
+from .templates_env import render_template
 
 NAME = "rowwise"
 # 16-byte loads of staged rows and stores of the output with the evict-first (.cs) cache hint, an

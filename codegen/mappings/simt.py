@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from compiler.ir import Aff, Bin, Const, Expr, IndexValue, Read, Reduce, Select, Un, free_indices, walk
 from compiler.machine import DEVICE, DTYPES
 
-from ..cexpr import aff_c, conds_c, ext_c, float_const_c, index_value_c, size_names, unary_c
-from ..grid import block_index_c
-from ..kir import Buffer, Compute, Kernel, Stage, Stmt, TileLoop
-from ..lower import UnsupportedMapping
+from .cexpr import aff_c, conds_c, ext_c, float_const_c, index_value_c, size_names, unary_c
+from ..kir.grid import block_index_c
+from ..kir.ir import Buffer, Compute, Kernel, Stage, Stmt, TileLoop
+from ..kir.lower import UnsupportedMapping
 from ..source import KernelSource, Launch
-from ..templates_env import render_template
+from .templates_env import render_template
 
 NAME = "simt"
 LOCAL_FLOATS_LIMIT = 16384  # per-thread buffer elements (64 KB of local memory)

@@ -17,7 +17,7 @@ Theorem: sumTo_guard_trunc (lean/Derivc/Rules/Mask.lean, proofs_ci/coq).
 Lower ends are not rewritten here: a conjunct with a negative coefficient of jo (a sliding
 window's i - j < W) bounds the tile index from below, and the IR's Fold has no start.  The wgmma
 fold printer starts its key-tile loop at the first tile the kernel IR's mask reaches for the block
-(codegen.cexpr.first_tile_c): the fold steps below it are fully masked and leave (m, l, acc)
+(codegen.mappings.cexpr.first_tile_c): the fold steps below it are fully masked and leave (m, l, acc)
 unchanged; the sum form of that skip is sumTo_guard_skip_low (checked by coqc, no per-step
 obligation yet).
 """

@@ -459,7 +459,7 @@ def test_tma_issued_after_its_waiters_blocked_wakes_them():
 def test_tensor_map_parameters_reach_both_encoders(monkeypatch):
     import ctypes
 
-    from codegen import tma
+    from codegen.cuda import tma
     from codegen.emu.tensor_map import decode_emulated
 
     calls = []

@@ -18,7 +18,7 @@ TOL = {"f32": 1e-5, "f16": 3e-3, "bf16": 2e-2}
 
 def printed_example(name: str):
     from codegen.build import prepare
-    from codegen.ctx_common import DEFAULT_OPTIONS
+    from codegen.mappings.ctx_common import DEFAULT_OPTIONS
     from codegen.mappings import print_kernel
     from compiler.derive import derive
     from compiler.spec import load_spec_file

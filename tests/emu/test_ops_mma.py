@@ -1,6 +1,6 @@
 """ldmatrix .x4 (.trans) and mma.sync m16n8k16 of derivc_emu_ops.h against numpy models of the
 PTX ISA fragment layouts (index formulas, lane l = 4 g + q), and the template macros of
-codegen/templates/constructs/mma.cu.j2 (ldsm_a / ldsm_b_nk / ldsm_b_kn) composed with them."""
+codegen/mappings/templates/constructs/mma.cu.j2 (ldsm_a / ldsm_b_nk / ldsm_b_kn) composed with them."""
 from __future__ import annotations
 
 import numpy as np

@@ -29,8 +29,8 @@ except Exception:  # noqa: BLE001
 
 import jinja2  # noqa: E402
 
-from codegen.ctx_common import DEFAULT_OPTIONS  # noqa: E402
-from codegen.templates_env import TEMPLATE_DIR  # noqa: E402
+from codegen.mappings.ctx_common import DEFAULT_OPTIONS  # noqa: E402
+from codegen.mappings.templates_env import TEMPLATE_DIR  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 WGMMAS = [{"n": n, "trans_b": tb} for n in (64, 128, 256) for tb in (False, True)]
@@ -49,7 +49,7 @@ _MODULES: dict = {}
 def modules(dt: str):
     """(cubin, emulated-source compiler) of the probe source for one operand dtype."""
     if dt not in _MODULES:
-        from codegen.nvrtc import compile_cubin
+        from codegen.cuda.nvrtc import compile_cubin
         src = render(dt)
         _MODULES[dt] = (src, compile_cubin(src, f"emu_probes_{dt}", DEFAULT_OPTIONS).cubin)
     return _MODULES[dt]
@@ -60,7 +60,7 @@ def run_both(dt: str, entry: str, grid: tuple[int, int, int], threads: int, smem
     """Run `entry` on the GPU and on the CPU; args are numpy arrays or ints; outs: the indices of
     the output arrays.  maps = (index of the maps argument, function ptr -> bytes)."""
     from codegen.emu import compile_emulated
-    from codegen.launcher import DriverKernel
+    from codegen.cuda.launcher import DriverKernel
 
     src, cubin = modules(dt)
     kinds = "".join("p" if isinstance(a, np.ndarray) or (maps and i == maps[0]) else "i" for i, a in enumerate(args))
@@ -246,7 +246,7 @@ TMA_CASES = [
 
 @pytest.mark.parametrize("case", range(len(TMA_CASES)))
 def test_tma_tile_loads(case):
-    from codegen.tma import encode_driver, encode_emulated, tiled_map
+    from codegen.cuda.tma import encode_driver, encode_emulated, tiled_map
 
     dims, box, strides, coords = TMA_CASES[case]
     rank = len(dims)

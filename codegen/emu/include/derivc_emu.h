@@ -1,5 +1,5 @@
 // derivc CPU emulation: the CUDA language surface for host C++ and the emulation API the
-// instruction wrappers call (codegen/templates/constructs/instr.cu.j2, DERIVC_EMU branch).
+// instruction wrappers call (codegen/mappings/templates/constructs/instr.cu.j2, DERIVC_EMU branch).
 // Force-included (-include) before an emitted kernel.cu; the execution model (fibers, barriers,
 // collectives, async queues) lives in derivc_emu_runtime.cpp, compiled once and linked in.
 // Kept lean on purpose: every kernel compile parses this header.

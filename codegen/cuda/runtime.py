@@ -1,11 +1,11 @@
 """Load and launch printed kernels on CuPy arrays or torch CUDA tensors.
 
-`import codegen.runtime` works without CuPy or a GPU: cupy (and torch) are imported lazily.
+`import codegen.cuda.runtime` works without CuPy or a GPU: cupy (and torch) are imported lazily.
 A call checks its arguments against the kernel IR's tensors (rank, dtype, contiguity, 16-byte
 alignment, fixed sizes), reads the dynamic sizes off the shapes, and launches.  Everything that
 depends only on the shapes — sizes, grid, the variant, the output shape, the size arguments —
 is computed once per shape and cached, so a repeated call costs an argument check and one
-driver launch (codegen.launcher); TMA tensor maps are encoded once per (pointers, shapes).  A
+driver launch (codegen.cuda.launcher); TMA tensor maps are encoded once per (pointers, shapes).  A
 call never synchronizes and never copies to the device after its first call for a shape and
 pointer set, so it can be captured in a CUDA graph after a warm-up call.  Kernels load on the
 device current at construction; calls must pass tensors on that device.
@@ -18,16 +18,16 @@ from typing import Any, Optional
 
 from compiler.machine import DEVICE, DTYPES
 
-from .grid import axis_blocks
-from .mappings import Printed, mapping_named
-from .source import KernelSource
+from ..kir.grid import axis_blocks
+from ..mappings import Printed, mapping_named
+from ..source import KernelSource
 
 _ALIGN = 16
 
 
 def compile_source(ks: KernelSource) -> bytes:
     """A cubin through the project's NVRTC path (sha256 cache); b"" lets CuPy's NVRTC compile."""
-    from codegen import nvrtc
+    from codegen.cuda import nvrtc
 
     if nvrtc.nvrtc_available():
         return nvrtc.compile_cubin(source=ks.source, name=ks.entry, options=ks.options).cubin
@@ -275,7 +275,7 @@ def geometry(printed: Printed, shapes: tuple[tuple[int, ...], ...], given: dict[
                                  "kernel indexes with 32-bit offsets; split the call (the SIMT mapping uses 64-bit)")
     grids = []
     for v in printed.variants:
-        # loops sharing an axis multiply (row-major, codegen.grid)
+        # loops sharing an axis multiply (row-major, codegen.kir.grid)
         grid = axis_blocks(tuple((axis, ext.evaluate(sizes)) for axis, ext in v.launch.grid))
         for i, (n, lim) in enumerate(zip(grid, DEVICE.grid_limits)):
             if n > lim:

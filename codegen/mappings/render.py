@@ -9,11 +9,11 @@ import math
 
 from compiler.machine import DEVICE, DTYPES
 
-from codegen import launch
-from codegen.ctx_common import (DEFAULT_OPTIONS, Sizes, attn_addressing, contraction_grid_ctx, ident,
+from codegen.mappings import launch
+from codegen.mappings.ctx_common import (DEFAULT_OPTIONS, Sizes, attn_addressing, contraction_grid_ctx, ident,
                                 params, source, tile_index, with_roles)
-from codegen.epilogue import lambdas
-from codegen.plan import AttentionPlan, ContractionPlan, check_plan, threads
+from codegen.mappings.epilogue import lambdas
+from codegen.mappings.plan import AttentionPlan, ContractionPlan, check_plan, threads
 from codegen.source import KernelSource
 
 

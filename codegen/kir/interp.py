@@ -19,7 +19,7 @@ import numpy as np
 from compiler.interp import erf, random_inputs, rel_error, run_program
 from compiler.ir import Aff, Bin, Cond, Const, Expr, Ext, IndexValue, Program, Read, Reduce, Select, Un
 
-from .kir import Compute, Kernel, Stage, Stmt, TileLoop
+from .ir import Compute, Kernel, Stage, Stmt, TileLoop
 
 
 class KirError(Exception):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from compiler.machine import DTYPES
 
-from codegen.plan import ContractionPlan, Plan
+from codegen.mappings.plan import ContractionPlan, Plan
 
 def _align(n: int, a: int = 128) -> int:
     return (n + a - 1) // a * a

@@ -1,4 +1,4 @@
-"""The jinja2 environment of the kernel skeletons and construct templates (codegen/templates/)."""
+"""The jinja2 environment of the kernel skeletons and construct templates (codegen/mappings/templates/)."""
 from __future__ import annotations
 
 import re

@@ -37,12 +37,12 @@ H200, 2026-11-29 (a developer script of that session, since replaced by devtools
 """
 from __future__ import annotations
 
-from codegen.ctx_common import DEFAULT_OPTIONS, Sizes, contraction_grid_ctx, ident, params, source
-from codegen.epilogue import lambdas
+from codegen.mappings.ctx_common import DEFAULT_OPTIONS, Sizes, contraction_grid_ctx, ident, params, source
+from codegen.mappings.epilogue import lambdas
 from codegen.source import KernelSource
-from codegen.tma import Encoder, encode_driver, tiled_map
+from codegen.cuda.tma import Encoder, encode_driver, tiled_map
 from compiler.machine import DEVICE, DTYPES
-from codegen.plan import ContractionPlan, check_plan, threads
+from codegen.mappings.plan import ContractionPlan, check_plan, threads
 
 _ALIGN_SLACK = 1024  # the kernel rounds the dynamic shared base up to 1024 bytes
 

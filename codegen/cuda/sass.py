@@ -7,7 +7,7 @@ tiles promise no local memory traffic (``LDL``/``STL``).  :func:`disassemble`
 runs ``cuobjdump -sass -res-usage`` (``nvdisasm`` when cuobjdump is missing) and
 :func:`check_promises` turns broken promises into readable messages.
 
-Tools are found by :func:`codegen.toolchain.find_tool`; no GPU is needed.
+Tools are found by :func:`codegen.cuda.toolchain.find_tool`; no GPU is needed.
 """
 
 from __future__ import annotations

@@ -9,10 +9,10 @@ from dataclasses import replace
 
 from compiler.machine import DEVICE, DTYPES
 
-from codegen.grid import block_index_c
-from codegen.plan import AttentionPlan, ContractionPlan, GridAxis, Operand, Plan, inputs, output
+from codegen.kir.grid import block_index_c
+from codegen.mappings.plan import AttentionPlan, ContractionPlan, GridAxis, Operand, Plan, inputs, output
 from codegen.source import KernelSource
-from codegen.templates_env import render_template
+from codegen.mappings.templates_env import render_template
 
 DEFAULT_OPTIONS = (f"--gpu-architecture={DEVICE.arch}", "-std=c++17")
 RASTER_GROUP = 8  # m-tiles per group in the grouped tile rasterization (L2 reuse of B panels)
@@ -61,7 +61,7 @@ class Sizes:
 
 
 def block_indices(plan: Plan, sz: Sizes) -> dict[str, str]:
-    """C block index of every grid loop (loops sharing an axis decomposed row-major, codegen.grid)."""
+    """C block index of every grid loop (loops sharing an axis decomposed row-major, codegen.kir.grid)."""
     return block_index_c([(g.loop, sz.extent(g.dim, g.tile), g.axis) for g in plan.grid])
 
 

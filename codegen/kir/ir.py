@@ -1,7 +1,7 @@
 """Kernel IR: the tile-level program one thread block runs.
 
-The lowering (`codegen.lower`) translates the final derivation program into this form; the
-kernel-IR interpreter (`codegen.kir_interp`) checks it against the final program in every
+The lowering (`codegen.kir.lower`) translates the final derivation program into this form; the
+kernel-IR interpreter (`codegen.kir.interp`) checks it against the final program in every
 build; the printers of `codegen.mappings` print it.  It is the last program the checks talk
 about: a printer decides instructions and data movement, never meaning.
 
@@ -48,7 +48,7 @@ class GridDim:
     Several grid dimensions may share one axis (PARALLEL of a second loop to a used axis): the
     axis then enumerates the product of their extents, row-major in the kernel's grid order —
     the first is the outermost, the last varies fastest.  With dims (v1 < E1, …, vk < Ek) on
-    axis a, vi = (blockIdx.a / (E(i+1) * … * Ek)) mod Ei (printed by `codegen.grid`)."""
+    axis a, vi = (blockIdx.a / (E(i+1) * … * Ek)) mod Ei (printed by `codegen.kir.grid`)."""
 
     var: str
     ext: Ext

@@ -1,7 +1,7 @@
 """Block indices of a grid whose axes may carry several loops.
 
 PARALLEL may map a second loop to a used CUDA axis; the axis then enumerates the product of its
-loops' extents, row-major in grid order (`codegen.kir.GridDim`): with loops (v1 < E1, …, vk < Ek)
+loops' extents, row-major in grid order (`codegen.kir.ir.GridDim`): with loops (v1 < E1, …, vk < Ek)
 on axis a, vi = (blockIdx.a / (E(i+1) * … * Ek)) mod Ei.  Every printer (SIMT and the
 tensor-core skeletons) takes its block indices from here, and the runtime sizes the axis as
 the product (`axis_blocks`), so the two agree by construction.

@@ -41,12 +41,12 @@ same process as torch SDPA FLASH (FA2) and CUDNN:
 from __future__ import annotations
 
 import math
-from codegen.ctx_common import (DEFAULT_OPTIONS, Sizes, alone_on_axis, attn_addressing, batch_groups, ident,
+from codegen.mappings.ctx_common import (DEFAULT_OPTIONS, Sizes, alone_on_axis, attn_addressing, batch_groups, ident,
                                 loop_block_var, params, source, tile_index, with_roles)
 from codegen.source import KernelSource
-from codegen.tma import Encoder, encode_driver, tiled_map
+from codegen.cuda.tma import Encoder, encode_driver, tiled_map
 from compiler.machine import DEVICE, DTYPES
-from codegen.plan import AttentionPlan, check_plan
+from codegen.mappings.plan import AttentionPlan, check_plan
 
 _ALIGN_SLACK = 1024  # the kernel rounds the dynamic shared base up to 1024 bytes
 REG_PRODUCER = 24

@@ -1,17 +1,17 @@
 """Compile CUDA C++ to a cubin with NVRTC, no GPU or driver needed.
 
-NVRTC is reached through ``ctypes`` (library found by :mod:`codegen.toolchain`),
+NVRTC is reached through ``ctypes`` (library found by :mod:`codegen.cuda.toolchain`),
 or through CuPy's ``cupy.cuda.nvrtc`` binding when no library file is found but
 CuPy is importable.  Compilation targets a *real* architecture (``sm_90``,
 ``sm_90a``, ...) because the result is fetched with ``nvrtcGetCUBIN``; PTX-only
 targets (``compute_XX``) are rejected.
 
-Results go through the on-disk cache of :mod:`codegen.cache`.
+Results go through the on-disk cache of :mod:`codegen.cuda.cache`.
 
 Example::
 
     result = compile_cubin(src, "attn.cu", ("--gpu-architecture=sm_90a", "-std=c++17"))
-    result.cubin  # ELF bytes, ready for cuModuleLoadData or codegen.sass.disassemble
+    result.cubin  # ELF bytes, ready for cuModuleLoadData or codegen.cuda.sass.disassemble
 """
 
 from __future__ import annotations

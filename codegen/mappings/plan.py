@@ -49,7 +49,7 @@ class GridAxis:
 
 @dataclass(frozen=True)
 class EpiloguePlan:
-    """A contraction's stored value around the accumulator, printed to C by codegen.epilogue."""
+    """A contraction's stored value around the accumulator, printed to C by codegen.mappings.epilogue."""
 
     source: str                     # the kernel IR's stored value, as the IR prints it
     tensors: tuple[Operand, ...]    # input tensors the epilogue reads, kernel-IR order

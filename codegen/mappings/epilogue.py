@@ -39,8 +39,8 @@ from typing import Mapping
 from compiler.ir import Aff, Bin, Cond, Const, Expr, IndexValue, Read, Un, walk
 
 from .cexpr import aff_c, box_extremes, cond_c
-from .kir import Compute, Kernel
-from .lower import UnsupportedMapping
+from ..kir.ir import Compute, Kernel
+from ..kir.lower import UnsupportedMapping
 from .plan import EpiloguePlan, Operand
 
 ACC = "acc_"

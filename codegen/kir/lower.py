@@ -26,7 +26,7 @@ from compiler.ir import (
 )
 from compiler.printer import show_expr
 
-from .kir import Buffer, Compute, GridDim, Kernel, LaneDim, Stage, State, Stmt, Store, TensorArg, TileLoop
+from .ir import Buffer, Compute, GridDim, Kernel, LaneDim, Stage, State, Stmt, Store, TensorArg, TileLoop
 
 BINARY_OPS = ("+", "-", "*", "/", "max", "rescale")
 UNARY_OPS = UNARY_FUNCTIONS
