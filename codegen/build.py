@@ -109,8 +109,9 @@ def check_text(derivation: Any, printed: Printed) -> dict[str, Any]:
         record["numeric"] = {"passed": None, "skipped": "no host C++ compiler (g++ / c++) on PATH"}
     else:
         try:
+            plan = getattr(derivation, "draw_plan", None)
             record["numeric"] = check_kernel_text(printed, derivation.final, dict(derivation.check_sizes), seed,
-                                                  largest_tiles(derivation))
+                                                  largest_tiles(derivation), plan.masked_sizes if plan else None)
         except KernelCheckError as exc:
             raise CodegenError(f"kernel: {exc}") from None
     derivation.kernel_check = record

@@ -12,7 +12,10 @@ derivation's check sizes on several draws of inputs:
   order or the other);
 - `wide`: every tiled dynamic size at 4.5 of its largest tile rounded up to a multiple of 8
   (aligned rows reach the unguarded main loops and the TMA kernels, five tiles wrap every
-  pipeline ring), batch sizes at 1, the seeded random fiber order.
+  pipeline ring), batch sizes at 1, the seeded random fiber order;
+- `masked`: where the derivation's numeric checks found sizes that leave a row with no live key
+  (a dynamic window W = 0) and the check sizes have none, the kernel runs there too (the spec
+  gives 0 for such a row; strict causal's row 0 is masked at the check sizes already).
 
 Inputs are rounded to the kernel's input dtypes; the reference is the final program in the
 float64 interpreter on the rounded inputs.  A draw passes when the output is finite where the
@@ -45,11 +48,11 @@ class Draw:
     name: str
     scale: float
     order: str  # fiber scheduling order of the emulation
-    wide: bool  # at the wide sizes (below) instead of the check sizes
+    at: str  # the sizes: "check", "wide" (below) or "masked" (the derivation's masked draw)
 
 
-DRAWS = (Draw("plain", 1.0, "forward", False), Draw("large", 4.0, "reverse", False),
-         Draw("wide", 1.0, "random", True))
+DRAWS = (Draw("plain", 1.0, "forward", "check"), Draw("large", 4.0, "reverse", "check"),
+         Draw("wide", 1.0, "random", "wide"), Draw("masked", 1.0, "reverse", "masked"))
 
 
 class KernelCheckError(Exception):
@@ -137,14 +140,16 @@ Runner = Callable[..., np.ndarray]
 
 
 def check_kernel_text(printed: Printed, program: Program, sizes: dict[str, int], seed: int,
-                      tiles: dict[str, int] | None = None, runner: Runner | None = None) -> dict[str, Any]:
+                      tiles: dict[str, int] | None = None, masked_sizes: dict[str, int] | None = None,
+                      runner: Runner | None = None) -> dict[str, Any]:
     """Run the kernel text on the CPU for every draw, each on the variant the host picks at its
     sizes, and every variant no draw reached once more at aligned sizes; the step's record.
     Raises KernelCheckError with a one-line reason on the first failing draw."""
     from .emu import run_printed
 
     runner = runner or run_printed
-    plan = [(d, wide_sizes(printed, sizes, tiles or {}) if d.wide else dict(sizes), None) for d in DRAWS]
+    at = {"check": dict(sizes), "wide": wide_sizes(printed, sizes, tiles or {}), "masked": masked_sizes}
+    plan = [(d, at[d.at], None) for d in DRAWS if at[d.at] is not None]
     records: list[dict[str, Any]] = []
     k = 0
     while k < len(plan):
@@ -153,7 +158,7 @@ def check_kernel_text(printed: Printed, program: Program, sizes: dict[str, int],
         k += 1
         if k == len(plan):
             reached = {r["variant_index"] for r in records}
-            plan += [(Draw("variant", 1.0, "forward", False), aligned_sizes(printed, sizes), v)
+            plan += [(Draw("variant", 1.0, "forward", "check"), aligned_sizes(printed, sizes), v)
                      for v in range(len(printed.variants)) if v not in reached]
     return {"draws": records, "passed": True}
 
