@@ -177,16 +177,17 @@ def test_codegen_and_obligation_hooks_write_into_build(spec: Path, tmp_path: Pat
 
     def write_obligations(derivation, proofs):
         proofs.mkdir()
-        (proofs / "Step00.v").write_text("(* nothing *)")
+        (proofs / "Step00_NONE.v").write_text("(* nothing *)")
+        (proofs / "index.json").write_text('{"steps": [{"step": 0, "rule": "none", "files": {"coq": "Step00_NONE.v"}}]}')
 
     monkeypatch.setitem(sys.modules, "codegen.build", types.SimpleNamespace(prepare=_no_lowering, emit=emit))
     monkeypatch.setitem(sys.modules, "compiler.obligations", types.SimpleNamespace(write_obligations=write_obligations))
     out = tmp_path / "out"
-    assert run_cli(["build", str(spec), "-o", str(out)])[0] == 0
-    assert (out / "kernel.cu").exists() and (out / "proofs" / "Step00.v").exists() and seen
+    assert run_cli(["build", str(spec), "-o", str(out)], proofs=True)[0] == 0
+    assert (out / "kernel.cu").exists() and (out / "proofs" / "Step00_NONE.v").exists() and seen
     # --no-codegen skips the kernel, not the proofs
     out2 = tmp_path / "out2"
-    assert build(spec, out2)[0] == 0
+    assert run_cli(["build", str(spec), "-o", str(out2), "--no-codegen"], proofs=True)[0] == 0
     assert not (out2 / "kernel.cu").exists() and (out2 / "proofs").is_dir()
 
 
