@@ -75,9 +75,13 @@ class ObligationResult:
         return f"step {self.step} ({self.rule}): proof obligation proofs/{self.file} failed: {self.error}"
 
 
+SAFETY = "safety"  # the final program's safety obligation (index.json's `safety`), not a step's
+
+
 @dataclass(frozen=True)
 class ProofCheck:
-    """What a build did about its proof obligations."""
+    """What a build did about its proof obligations.  `recorded`: derivation.json's record of
+    an earlier check (its `proofs` and each step's `proof`), written back as it was."""
 
     checked: bool
     by: str = ""  # "coqc 8.16.1"
@@ -85,36 +89,42 @@ class ProofCheck:
     results: tuple[ObligationResult, ...] = ()
     seconds: float = 0.0  # wall time of the whole check
     jobs: int = 0
+    recorded: tuple[dict[str, Any], dict[int, dict[str, Any]]] | None = None
 
     @property
     def failure(self) -> ObligationResult | None:
         return next((r for r in self.results if r.status == "FAILED"), None)
 
-    @property
-    def passed(self) -> bool:
-        return self.checked and all(r.passed for r in self.results)
-
     def step_record(self, step: int) -> dict[str, Any]:
+        """derivation.json's `proof` of step `step`."""
+        if self.recorded is not None:
+            return self.recorded[1].get(step, {"checked": False, "reason": "no obligation exported"})
         if not self.checked:
             return {"checked": False, "reason": self.reason}
-        r = next((r for r in self.results if r.step == step), None)
+        r = next((r for r in self.results if r.step == step and r.rule != SAFETY), None)
         return r.record(self.by) if r is not None else {"checked": False, "reason": "no obligation exported"}
 
     def summary(self) -> dict[str, Any]:
         """derivation.json's top-level `proofs`."""
+        if self.recorded is not None:
+            return self.recorded[0]
         if not self.checked:
             return {"checked": False, "reason": self.reason}
-        return {"checked": True, "by": self.by, "obligations": len(self.results),
-                "cached": sum(r.cached for r in self.results), "jobs": self.jobs, "seconds": self.seconds}
+        out = {"checked": True, "by": self.by, "obligations": len(self.results),
+               "cached": sum(r.cached for r in self.results), "jobs": self.jobs, "seconds": self.seconds}
+        safety = next((r for r in self.results if r.rule == SAFETY), None)
+        if safety is not None:
+            out["safety"] = safety.record(self.by) | {"file": safety.file}
+        return out
 
     def line(self) -> str:
-        """The console's and report.md's one line."""
-        if not self.checked:
-            return f"proofs not checked: {self.reason}"
-        n, hit = len(self.results), sum(r.cached for r in self.results)
-        ok = sum(r.passed for r in self.results)
-        cached = f", {hit} from the cache" if hit else ""
-        return f"proofs: {ok}/{n} obligations checked by {self.by}{cached} in {self.seconds:.1f} s"
+        """The console's and report.md's one line (of a check that passed, or did not run)."""
+        top = self.summary()
+        if not top["checked"]:
+            return f"proofs not checked: {top['reason']}"
+        cached = f", {top['cached']} from the cache" if top["cached"] else ""
+        n = top["obligations"]
+        return f"proofs: {n}/{n} obligations checked by {top['by']}{cached} in {top['seconds']:.1f} s"
 
 
 def not_checked(reason: str) -> ProofCheck:
@@ -122,21 +132,21 @@ def not_checked(reason: str) -> ProofCheck:
 
 
 def from_trace(trace: dict[str, Any]) -> ProofCheck | None:
-    """The ProofCheck a derivation.json records (for `derivc verify`'s rebuild: timings and
-    cache state belong to the build machine); None when it records none or a malformed one."""
+    """The check a derivation.json records, to be written back as it is (`derivc verify`'s
+    rebuild: timings and cache hits belong to the build machine, and verify runs coqc itself);
+    None when it records none, or not in the shape the build writes."""
     top = trace.get("proofs")
-    steps = [s for s in trace.get("steps") or [] if isinstance(s, dict) and "proof" in s]
     if not isinstance(top, dict) or not isinstance(top.get("checked"), bool):
         return None
-    if not top["checked"]:
-        return not_checked(str(top.get("reason", "")))
-    try:
-        results = tuple(ObligationResult(int(s["index"]), str(s["rule"]), "", "passed",
-                                         bool(s["proof"]["cached"]), float(s["proof"]["seconds"]))
-                        for s in steps if s["proof"].get("checked") is True)
-        return ProofCheck(True, str(top["by"]), "", results, float(top["seconds"]), int(top["jobs"]))
-    except (KeyError, TypeError, ValueError, AttributeError):
+    if top["checked"]:
+        shapes = {"by": str, "obligations": int, "cached": int, "seconds": (int, float)}
+        if not all(isinstance(top.get(k), t) for k, t in shapes.items()):
+            return None
+    elif not isinstance(top.get("reason"), str):
         return None
+    steps = {s["index"]: s["proof"] for s in trace.get("steps") or []
+             if isinstance(s, dict) and isinstance(s.get("index"), int) and isinstance(s.get("proof"), dict)}
+    return ProofCheck(top["checked"], reason=str(top.get("reason", "")), recorded=(top, steps))
 
 
 def attach(trace: dict[str, Any], check: ProofCheck) -> dict[str, Any]:
@@ -311,11 +321,15 @@ def first_error(output: str) -> str:
 
 
 def _index(proofs: Path) -> list[tuple[int, str, str]]:
-    """(step, rule, .v file) of every obligation of a proofs/ directory, in step order."""
+    """(step, rule, .v file) of every obligation of a proofs/ directory, in step order, the
+    final program's safety obligation (if any) last."""
     try:
-        index = json.loads((proofs / "index.json").read_text())["steps"]
-        entries = sorted((int(e["step"]), str(e["rule"]), str(e["files"]["coq"])) for e in index)
-    except (OSError, ValueError, TypeError, KeyError) as exc:
+        index = json.loads((proofs / "index.json").read_text())
+        entries = sorted((int(e["step"]), str(e["rule"]), str(e["files"]["coq"])) for e in index["steps"])
+        if index.get("safety") is not None:  # about the final program: checked last
+            safety = str(index["safety"]["files"]["coq"])
+            entries.append((int(safety[4:].split("_", 1)[0]), SAFETY, safety))
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
         raise BadIndex(f"{proofs / 'index.json'}: not the index the build writes ({exc})") from None
     bad = next((f for _, _, f in entries if not OBLIGATION_FILE.fullmatch(f)), None)
     if bad is not None:

@@ -244,8 +244,10 @@ def verify_dir(build: Path, jobs: int | None = None, rel_to: Path | None = None)
     if not proofs.is_dir():
         raise FileNotFoundError(f"{rel_to or build}: no proofs/ directory (was it built by derivc build?)")
     try:
-        index = json.loads(index_path.read_text())["steps"] if index_path.exists() else []
-        by_file = {e["files"]["coq"]: e for e in index}
+        payload = json.loads(index_path.read_text()) if index_path.exists() else {"steps": []}
+        by_file = {e["files"]["coq"]: e for e in payload["steps"]}
+        if payload.get("safety"):  # the final program's safety obligation
+            by_file[payload["safety"]["files"]["coq"]] = {**payload["safety"], "rule": proofcheck.SAFETY}
     except (ValueError, TypeError, KeyError) as exc:
         raise FileNotFoundError(f"{shown / index_path.name}: not the index the build writes ({exc})") from None
     vfiles = sorted(proofs.glob("Step*.v"))
@@ -262,7 +264,7 @@ def verify_dir(build: Path, jobs: int | None = None, rel_to: Path | None = None)
         lf = proofs / e.get("files", {}).get("lean", v.with_suffix(".lean").name)
         lean = check_lean(lf) if lf.exists() else {"status": "missing", "passed": False}
         rows.append({
-            "step": e.get("step", v.stem), "rule": e.get("rule", "?"), "kind": e.get("kind", "?"),
+            "step": e.get("step", c.step if c.file else v.stem), "rule": e.get("rule", "?"), "kind": e.get("kind", "?"),
             "theorem": e.get("theorem", "?"), "obligation": e.get("status", "?"),
             "coq": c.status, "coq_seconds": c.seconds, "coq_output": c.error,
             "lean": lean["status"], "file": v.name,

@@ -195,3 +195,23 @@ def test_first_error_names_the_line():
     assert proofcheck.first_error('File "./a.v", line 4, characters 0-1:\nError: No applicable tactic.\n') == \
         "line 4: Error: No applicable tactic."
     assert proofcheck.first_error("coqc timed out after 300 s\n") == "coqc timed out after 300 s"
+
+
+def test_the_safety_obligation_is_checked_last_and_file_names_are_checked(tmp_path: Path):
+    proofs = tmp_path / "proofs"
+    proofs.mkdir()
+    index = {"steps": [{"step": 2, "rule": "tile", "files": {"coq": "Step02_TILE.v"}},
+                       {"step": 1, "rule": "tile", "files": {"coq": "Step01_TILE.v"}}],
+             "safety": {"files": {"coq": "Step02_SAFETY.v"}}}
+    (proofs / "index.json").write_text(json.dumps(index))
+    assert proofcheck._index(proofs) == [(1, "tile", "Step01_TILE.v"), (2, "tile", "Step02_TILE.v"),
+                                         (2, "safety", "Step02_SAFETY.v")]
+    index["steps"][0]["files"]["coq"] = "../Step02_TILE.v"  # verify trusts nothing in DIR
+    (proofs / "index.json").write_text(json.dumps(index))
+    with pytest.raises(proofcheck.BadIndex, match="not an obligation file name"):
+        proofcheck._index(proofs)
+    check = proofcheck.ProofCheck(True, "coqc 8.16.1", results=(
+        proofcheck.ObligationResult(2, "tile", "Step02_TILE.v", "passed", seconds=1.0),
+        proofcheck.ObligationResult(2, "safety", "Step02_SAFETY.v", "passed", cached=True)))
+    assert check.step_record(2) == {"checked": True, "by": "coqc 8.16.1", "cached": False, "seconds": 1.0}
+    assert check.summary()["safety"]["file"] == "Step02_SAFETY.v" and check.summary()["cached"] == 1
