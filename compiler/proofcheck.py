@@ -21,6 +21,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -30,10 +31,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# A generous bound per obligation, far above the slowest correct one (README: "Proofs by
-# default" gives both numbers).  The obligations fail fast by their structure; this only stops
-# a runaway search.
-COQC_TIMEOUT_S = 300.0
+# Bounds per coqc process, far above what the slowest correct obligation of the examples
+# needs (~30 s of CPU, < 1 GB): they only stop a runaway proof search on a FALSE obligation
+# (conversion unfolding an 8192-column sum took minutes and 14 GB before failing).  CPU time,
+# not wall time, so that a loaded machine does not turn a slow true proof into a failure; the
+# wall-clock limit is a backstop for a coqc that waits on nothing.
+COQC_CPU_LIMIT_S = 300
+COQC_MEMORY_LIMIT_KB = 6 * 1024 * 1024
+COQC_TIMEOUT_S = 1800.0
 CACHE_FORMAT = 1
 NO_COQC = "coqc not found"
 SKIPPED = "--no-proofs"
@@ -288,11 +293,17 @@ def run_coqc(vfile: Path, lib: Path, timeout: float, stop: threading.Event) -> C
     from proofs_ci import coqlib
 
     t0 = time.monotonic()
-    p = subprocess.Popen(coqlib.obligation_command(vfile.name, lib), cwd=vfile.parent, stdin=subprocess.DEVNULL,
+    limited = ["sh", "-c", 'ulimit -t "$1" && ulimit -v "$2" && shift 2 && exec "$@"', "coqc-limited",
+               str(COQC_CPU_LIMIT_S), str(COQC_MEMORY_LIMIT_KB), *coqlib.obligation_command(vfile.name, lib)]
+    p = subprocess.Popen(limited, cwd=vfile.parent, stdin=subprocess.DEVNULL,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     while True:
         try:
             out, _ = p.communicate(timeout=0.05)
+            if p.returncode in (-signal.SIGXCPU, -signal.SIGKILL, 128 + signal.SIGXCPU, 128 + signal.SIGKILL):
+                out = f"coqc stopped after {COQC_CPU_LIMIT_S} s of CPU time (a runaway proof search)\n" + out
+            elif "out of memory" in out.lower():
+                out = f"coqc ran out of its {COQC_MEMORY_LIMIT_KB // 1024 ** 2} GB of memory (a runaway proof search)\n" + out
             return CoqRun(p.returncode, out, round(time.monotonic() - t0, 2))
         except subprocess.TimeoutExpired:
             late = time.monotonic() - t0 > timeout
@@ -306,7 +317,7 @@ def run_coqc(vfile: Path, lib: Path, timeout: float, stop: threading.Event) -> C
 def first_error(output: str) -> str:
     """coqc's error as one line: `line N: Error: …` (or its last line when it names none)."""
     lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
-    if lines and lines[0].startswith("coqc timed out"):
+    if lines and lines[0].startswith(("coqc timed out", "coqc stopped after", "coqc ran out")):
         return lines[0]
     for k, ln in enumerate(lines):
         if ln.startswith("Error"):

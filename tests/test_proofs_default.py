@@ -215,3 +215,17 @@ def test_the_safety_obligation_is_checked_last_and_file_names_are_checked(tmp_pa
         proofcheck.ObligationResult(2, "safety", "Step02_SAFETY.v", "passed", cached=True)))
     assert check.step_record(2) == {"checked": True, "by": "coqc 8.16.1", "cached": False, "seconds": 1.0}
     assert check.summary()["safety"]["file"] == "Step02_SAFETY.v" and check.summary()["cached"] == 1
+
+
+@needs_coqc
+def test_a_runaway_proof_search_is_stopped_by_cpu_time(tmp_path: Path, monkeypatch, compiled_library):
+    """The bound is CPU time (a loaded machine does not fail a slow true proof), and the
+    error line says what happened."""
+    import threading
+
+    monkeypatch.setattr(proofcheck, "COQC_CPU_LIMIT_S", 1)
+    v = tmp_path / "Step01_LOOP.v"
+    v.write_text("Require Import NArith.\nEval vm_compute in N.iter 10000000000%N negb true.\n")
+    r = proofcheck.run_coqc(v, compiled_library, 600, threading.Event())
+    assert r.returncode != 0
+    assert proofcheck.first_error(r.output) == "coqc stopped after 1 s of CPU time (a runaway proof search)"
