@@ -6,7 +6,11 @@
    derivation.json and report.md.  A mismatch stops the build (exit 3).
 3. The mapping registry prints the kernel IR (SIMT, mma.sync, wgmma + TMA); the printer's
    instruction choices go to plan.json, the kernel IR to kir.txt.
-4. NVRTC compiles each variant; the SASS must keep the schedule's promises (tensor-core
+4. `kernel` step: the printed text of every variant runs on the CPU (codegen.kernel_check:
+   g++ with the instruction wrappers' emulation, codegen.emu) against the final program in
+   float64 at the check sizes, on several draws; recorded after `lowering`.  A mismatch stops
+   the build (exit 3).
+5. NVRTC compiles each variant; the SASS must keep the schedule's promises (tensor-core
    instructions where MAP-MMA was applied, async copies where CACHE asked for a pipeline, no
    local-memory spills in tensor-core kernels).
 
@@ -75,6 +79,55 @@ def prepare(derivation: Any) -> tuple[Kernel, dict[str, Any]]:
     return kernel, record
 
 
+def print_checked(kernel: Kernel) -> Printed:
+    """The kernel IR printed by the mapping its facts ask for (CodegenError when none does)."""
+    from .ctx_common import DEFAULT_OPTIONS
+    from .lower import UnsupportedMapping
+
+    try:
+        return print_kernel(kernel, DEFAULT_OPTIONS)
+    except UnsupportedMapping as exc:
+        raise CodegenError(str(exc)) from None
+
+
+def check_text(derivation: Any, printed: Printed) -> dict[str, Any]:
+    """The `kernel` step: every variant's text run on the CPU against the final program; stores
+    the record on the derivation (derivation.json and report.md carry it after `lowering`)."""
+    from .emu import host_compiler
+    from .kernel_check import KERNEL_SEED_OFFSET, KernelCheckError, check_kernel_text
+
+    index = len(derivation.steps) + 2
+    seed = int(derivation.seed or 0) + len(derivation.steps) + KERNEL_SEED_OFFSET
+    record: dict[str, Any] = {
+        "index": index, "rule": "kernel", "kind": "KERNEL", "params": {}, "theorem": None,
+        "facts": {"mapping": printed.mapping, "variants": [f"{v.stem}.cu ({v.source.entry})" for v in printed.variants]},
+        "validated": ("numerically: the kernel text compiled by the host C++ compiler with the instruction "
+                      "wrappers emulated (codegen/emu), run on the CPU vs the final program in float64"),
+    }
+    compiler = host_compiler()
+    if compiler is None:
+        record["numeric"] = {"passed": None, "skipped": "no host C++ compiler (g++ / c++) on PATH"}
+    else:
+        try:
+            record["numeric"] = check_kernel_text(printed, derivation.final, dict(derivation.check_sizes), seed,
+                                                  largest_tiles(derivation))
+        except KernelCheckError as exc:
+            raise CodegenError(f"kernel: {exc}") from None
+    derivation.kernel_check = record
+    return record
+
+
+def largest_tiles(derivation: Any) -> dict[str, int]:
+    """{dynamic size: the largest tile any step applied along it} (compiler.checksizes)."""
+    from compiler.checksizes import tile_constraints
+
+    out: dict[str, int] = {}
+    for prog, step in zip(derivation.programs, derivation.steps):
+        for size, ts in tile_constraints(prog, dict(step.params)).items():
+            out[size] = max(out.get(size, 0), *ts)
+    return out
+
+
 def plan_json(printed: Printed) -> dict[str, Any]:
     plan = dataclasses.asdict(printed.plan) if printed.plan is not None else None
     return {"mapping": printed.mapping, "plan": plan,
@@ -84,19 +137,16 @@ def plan_json(printed: Printed) -> dict[str, Any]:
                          for v in printed.variants]}
 
 
-def emit(derivation: Any, outdir: Path, kernel: Kernel | None = None) -> dict[str, Any]:
-    """Lower (unless given the kernel IR), print, compile and check the final program into outdir."""
+def emit(derivation: Any, outdir: Path, kernel: Kernel | None = None,
+         printed: Printed | None = None) -> dict[str, Any]:
+    """Lower (unless given the kernel IR), print (unless given), compile and check the final
+    program into outdir."""
     outdir = Path(outdir)
     if kernel is None:
         kernel, _ = prepare(derivation)
     (outdir / "kir.txt").write_text(show_kernel(kernel))
-    from .ctx_common import DEFAULT_OPTIONS
-    from .lower import UnsupportedMapping
-
-    try:
-        printed = print_kernel(kernel, DEFAULT_OPTIONS)
-    except UnsupportedMapping as exc:
-        raise CodegenError(str(exc)) from None
+    if printed is None:
+        printed = print_checked(kernel)
     (outdir / "plan.json").write_text(json.dumps(plan_json(printed), indent=2) + "\n")
     result: dict[str, Any] = {"mapping": printed.mapping}
     for v in printed.variants:

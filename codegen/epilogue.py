@@ -48,11 +48,9 @@ ROW, COL = "er_", "ec_"
 BINARY = {"+": "+", "-": "-", "*": "*", "/": "/"}
 UNARY_EXACT = {"exp": "expf", "tanh": "tanhf", "sqrt": "sqrtf", "rsqrt": "rsqrtf", "erf": "erff"}
 UNARY_FAST = {**UNARY_EXACT, "exp": "__expf", "tanh": "derivc_tanh_approx"}
-HELPERS = {
-    "derivc_tanh_approx": (
-        "__device__ __forceinline__ float derivc_tanh_approx(float x) {\n"
-        "    float y; asm(\"tanh.approx.f32 %0, %1;\" : \"=f\"(y) : \"f\"(x)); return y;\n}"),
-}
+# C functions of the value that are instructions -> the macro of constructs/instr.cu.j2 printing
+# that wrapper (its PTX and its emulation) into the kernel's wrapper section
+HELPERS = {"derivc_tanh_approx": "tanh_approx"}
 
 
 class _Printer:

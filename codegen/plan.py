@@ -56,7 +56,7 @@ class EpiloguePlan:
     pointers: tuple[str, ...]       # their C pointer names, same order
     body: str                       # C body of the lambda epi(acc_, er_, ec_): locals, then return
     interior: str                   # C condition on the block: every read guard holds on the tile
-    helpers: tuple[str, ...]        # C device functions the value calls
+    helpers: tuple[str, ...]        # instruction wrappers the value calls (macros of constructs/instr.cu.j2)
 
 
 @dataclass(frozen=True)

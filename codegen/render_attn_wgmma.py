@@ -44,6 +44,7 @@ import math
 from codegen.ctx_common import (DEFAULT_OPTIONS, Sizes, alone_on_axis, attn_addressing, batch_groups, ident,
                                 loop_block_var, params, source, tile_index, with_roles)
 from codegen.source import KernelSource
+from codegen.tma import Encoder, encode_driver, tiled_map
 from compiler.machine import DEVICE, DTYPES
 from codegen.plan import AttentionPlan, check_plan
 
@@ -162,18 +163,13 @@ def tma_supported_attn(plan: AttentionPlan, sizes: dict[str, int], ptrs: tuple[i
 
 
 def encode_attn_tensor_maps(plan: AttentionPlan, sizes: dict[str, int], q_ptr: int, k_ptr: int,
-                            v_ptr: int) -> bytes:
+                            v_ptr: int, encode: Encoder = encode_driver) -> bytes:
     """The 384 bytes (maps of Q, K, V; 128 each) the kernel's last argument points to (copy them
     to device memory, 64-byte aligned). Maps {D, seq, batch runs..} with the operand layout's own
     strides (tma_view), boxes {64, block rows, 1..}, 128-byte swizzle, zero fill out of bounds;
-    encoded through libcuda cuTensorMapEncodeTiled."""
-    import ctypes
-
-    from codegen.tma import encode_tiled
+    encode: the driver's encoding (libcuda cuTensorMapEncodeTiled) or the CPU emulation's."""
     if not tma_supported_attn(plan, sizes, (q_ptr, k_ptr, v_ptr)):
         raise ValueError("attention TMA maps need 16-byte aligned bases and non-empty batch / queries")
-    lib = ctypes.CDLL("libcuda.so.1")
-    lib.cuTensorMapEncodeTiled.restype = ctypes.c_int
     nk = sizes[plan.seq_k]
     if nk == 0:  # the kernel loads no K/V tile; keep the maps valid (an empty tensor may have no base)
         sizes = {**sizes, plan.seq_k: 1}
@@ -184,7 +180,7 @@ def encode_attn_tensor_maps(plan: AttentionPlan, sizes: dict[str, int], q_ptr: i
         dims, strides = tma_view(op, sizes)
         if nk == 0 and op is not plan.q:
             dims, strides = [dims[0]] + [1] * (len(dims) - 1), strides
-        maps += encode_tiled(lib, op.dtype, ptr, dims, [64, rows] + [1] * (len(dims) - 2), strides)
+        maps += encode(tiled_map(op.dtype, ptr, dims, [64, rows] + [1] * (len(dims) - 2), strides))
     return maps
 
 

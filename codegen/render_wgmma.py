@@ -27,8 +27,8 @@ Two kernels per plan:
     cp.async.bulk.tensor (TMA, 128-byte swizzle, zero fill out of bounds) completing on full
     mbarriers; the consumer warpgroups (setmaxnreg 232) wait on them, keep one wgmma group in
     flight and release each slot on an empty mbarrier. Needs tensor maps encoded on the host
-    (encode_tensor_maps: libcuda cuTensorMapEncodeTiled through ctypes, 256 bytes copied to the
-    device; extra last kernel argument) and tma_supported(plan, sizes, ptrs) (K and, for B
+    (encode_tensor_maps: libcuda cuTensorMapEncodeTiled through ctypes, or the CPU emulation's
+    encoding; 256 bytes copied to the device; extra last kernel argument) and tma_supported(plan, sizes, ptrs) (K and, for B
     stored [K, N], N multiples of 8; 16-byte aligned bases). ~0.99-1.0x cuBLAS at 8192^3.
 H200, 2026-11-29 (a developer script of that session, since replaced by devtools/device_check.py; do_bench median, 4 rotating input sets),
 128x256x64, 4 stages, 2 consumer warpgroups, TFLOP/s (ratio to torch.matmul in the same run):
@@ -40,6 +40,7 @@ from __future__ import annotations
 from codegen.ctx_common import DEFAULT_OPTIONS, Sizes, contraction_grid_ctx, ident, params, source
 from codegen.epilogue import lambdas
 from codegen.source import KernelSource
+from codegen.tma import Encoder, encode_driver, tiled_map
 from compiler.machine import DEVICE, DTYPES
 from codegen.plan import ContractionPlan, check_plan, threads
 
@@ -179,23 +180,19 @@ def tma_supported(plan: ContractionPlan, sizes: dict[str, int], ptrs: tuple[int,
             and k > 0 and sizes[plan.m] > 0 and n > 0)
 
 
-def encode_tensor_maps(plan: ContractionPlan, sizes: dict[str, int], a_ptr: int, b_ptr: int) -> bytes:
+def encode_tensor_maps(plan: ContractionPlan, sizes: dict[str, int], a_ptr: int, b_ptr: int,
+                       encode: Encoder = encode_driver) -> bytes:
     """The 256 bytes (map of A, map of B; 128 each) the tma kernel's last argument points to
-    (copy them to device memory, 64-byte aligned). Encoded through the driver
-    (libcuda cuTensorMapEncodeTiled, via ctypes): 128-byte swizzle, zero fill out of bounds."""
-    import ctypes
-
-    from codegen.tma import encode_tiled
+    (copy them to device memory, 64-byte aligned): 128-byte swizzle, zero fill out of bounds.
+    encode: the driver's encoding (libcuda cuTensorMapEncodeTiled) or the CPU emulation's."""
     if not tma_supported(plan, sizes, (a_ptr, b_ptr)):
         raise ValueError("sizes / pointers not 16-byte aligned: use the cp.async kernel")
-    lib = ctypes.CDLL("libcuda.so.1")
-    lib.cuTensorMapEncodeTiled.restype = ctypes.c_int
     m, n, k = sizes[plan.m], sizes[plan.n], sizes[plan.k]
     bat = [sizes[plan.batch[0]]] if plan.batch else []
     one = [1] if plan.batch else []
-    a = encode_tiled(lib, plan.a.dtype, a_ptr, [k, m] + bat, [64, plan.block_m] + one)
+    a = tiled_map(plan.a.dtype, a_ptr, [k, m] + bat, [64, plan.block_m] + one)
     if plan.b_transposed:
-        b = encode_tiled(lib, plan.b.dtype, b_ptr, [k, n] + bat, [64, plan.block_n] + one)
+        b = tiled_map(plan.b.dtype, b_ptr, [k, n] + bat, [64, plan.block_n] + one)
     else:
-        b = encode_tiled(lib, plan.b.dtype, b_ptr, [n, k] + bat, [64, plan.block_k] + one)
-    return a + b
+        b = tiled_map(plan.b.dtype, b_ptr, [n, k] + bat, [64, plan.block_k] + one)
+    return encode(a) + encode(b)

@@ -35,8 +35,8 @@ def compile_source(ks: KernelSource) -> bytes:
 
 
 @dataclass(frozen=True)
-class _Shape:
-    """What one input shape fixes: sizes, output shape, grid, size arguments."""
+class Geometry:
+    """What one input shape fixes: sizes, output shape, grid per variant, size arguments."""
 
     sizes: dict[str, int]
     out_shape: tuple[int, ...]
@@ -68,7 +68,7 @@ class CompiledKernel:
         self._ins = self.kernel.inputs
         self._out = self.kernel.output
         self._host = mapping_named(printed.mapping).host
-        self._shapes: dict[tuple, _Shape] = {}
+        self._shapes: dict[tuple, Geometry] = {}
         self._maps: dict[tuple, Any] = {}
         self._streams: dict[tuple, Any] = {}
 
@@ -77,63 +77,15 @@ class CompiledKernel:
         return self.kernel.name
 
     # -- shapes ---------------------------------------------------------------------------
-    def _shape(self, shapes: tuple[tuple[int, ...], ...], given: tuple[tuple[str, int], ...] = ()) -> _Shape:
+    def _shape(self, shapes: tuple[tuple[int, ...], ...], given: tuple[tuple[str, int], ...] = ()) -> Geometry:
         key = (shapes, given) if given else shapes
         got = self._shapes.get(key)
         if got is None:
             got = self._shapes[key] = self._geometry(shapes, dict(given))
         return got
 
-    def _geometry(self, shapes: tuple[tuple[int, ...], ...], given: dict[str, int] | None = None) -> _Shape:
-        fixed = self.kernel.fixed()
-        sizes: dict[str, int] = dict(fixed)
-        dynamic = self.kernel.dynamic()
-        for name, n in (given or {}).items():
-            if name not in dynamic:
-                known = f"its dynamic sizes are {', '.join(dynamic)}" if dynamic else "it has no dynamic size"
-                what = "a fixed size of the kernel" if name in fixed else "not a size of the kernel"
-                raise ValueError(f"size {name}={n}: {what} ({known})")
-            if isinstance(n, bool) or not isinstance(n, int):
-                raise ValueError(f"size {name}={n!r}: an int is needed")
-            sizes[name] = n
-        for t, shape in zip(self._ins, shapes):
-            if len(shape) != len(t.dims):
-                raise ValueError(f"{t.name}: rank {len(shape)}, expected {len(t.dims)} [{', '.join(map(str, t.dims))}]")
-            for a, n in zip(t.dims, shape):
-                if len(a.terms) == 1 and a.terms[0][1] == 1 and not a.const:
-                    name = a.terms[0][0]
-                    if name in sizes and sizes[name] != n:
-                        what = ("the kernel was compiled for" if name in fixed else
-                                "the call passes" if name in (given or {}) else "an earlier operand has")
-                        raise ValueError(f"{t.name}: dim {name} = {n} but {what} {name} = {sizes[name]}")
-                    sizes[name] = n
-        for n in self.kernel.dynamic():
-            if n not in sizes:
-                raise ValueError(f"size {n} is not the extent of any input dimension: pass it by name "
-                                 f"(kernel(..., {n}=...))")
-            if not 0 <= sizes[n] < 2**31:
-                raise ValueError(f"size {n} = {sizes[n]} does not fit the kernel's int32 size argument")
-        for t, shape in zip(self._ins, shapes):
-            want = tuple(a.evaluate(sizes) for a in t.dims)
-            if tuple(shape) != want:
-                raise ValueError(f"{t.name}: shape {tuple(shape)}, expected {want}")
-        out_shape = tuple(a.evaluate(sizes) for a in self._out.dims)
-        if self.printed.mapping != "simt":  # the tensor-core templates index tiles with 32-bit ints
-            for t, shape in list(zip(self._ins, shapes)) + [(self._out, out_shape)]:
-                if math.prod(shape) >= 2**31:
-                    raise ValueError(f"{t.name} has {math.prod(shape)} elements >= 2^31: the {self.printed.mapping} "
-                                     "kernel indexes with 32-bit offsets; split the call (the SIMT mapping uses 64-bit)")
-        grids = []
-        for v in self.printed.variants:
-            # loops sharing an axis multiply (row-major, codegen.grid)
-            grid = axis_blocks(tuple((axis, ext.evaluate(sizes)) for axis, ext in v.launch.grid))
-            for i, (n, lim) in enumerate(zip(grid, DEVICE.grid_limits)):
-                if n > lim:
-                    loops = " * ".join(str(ext) for axis, ext in v.launch.grid if axis == "xyz"[i])
-                    raise ValueError(f"grid axis {'xyz'[i]} needs {n} blocks ({loops}) > the device limit {lim}")
-            grids.append(tuple(grid))
-        size_args = tuple(sizes[n] for n in self.kernel.dynamic())
-        return _Shape(sizes, out_shape, tuple(grids), size_args, any(n == 0 for n in out_shape))
+    def _geometry(self, shapes: tuple[tuple[int, ...], ...], given: dict[str, int] | None = None) -> Geometry:
+        return geometry(self.printed, shapes, given)
 
     # -- arguments ------------------------------------------------------------------------
     def _view(self, x: Any, t) -> tuple[int, tuple[int, ...], str, int]:
@@ -276,6 +228,62 @@ class CompiledKernel:
         import cupy
         with cupy.cuda.Device(dev):
             return cupy.empty(shape, dtype=dt.numpy)
+
+
+def geometry(printed: Printed, shapes: tuple[tuple[int, ...], ...], given: dict[str, int] | None = None) -> Geometry:
+    """What the input shapes (and sizes given by name) fix: sizes, output shape, grid per variant,
+    size arguments; one clear ValueError for a shape or size the kernel cannot take.  Pure (no GPU):
+    the CUDA runtime and the CPU emulation (codegen.emu) both launch with it."""
+    kernel = printed.kernel
+    fixed = kernel.fixed()
+    sizes: dict[str, int] = dict(fixed)
+    dynamic = kernel.dynamic()
+    for name, n in (given or {}).items():
+        if name not in dynamic:
+            known = f"its dynamic sizes are {', '.join(dynamic)}" if dynamic else "it has no dynamic size"
+            what = "a fixed size of the kernel" if name in fixed else "not a size of the kernel"
+            raise ValueError(f"size {name}={n}: {what} ({known})")
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise ValueError(f"size {name}={n!r}: an int is needed")
+        sizes[name] = n
+    for t, shape in zip(kernel.inputs, shapes):
+        if len(shape) != len(t.dims):
+            raise ValueError(f"{t.name}: rank {len(shape)}, expected {len(t.dims)} [{', '.join(map(str, t.dims))}]")
+        for a, n in zip(t.dims, shape):
+            if len(a.terms) == 1 and a.terms[0][1] == 1 and not a.const:
+                name = a.terms[0][0]
+                if name in sizes and sizes[name] != n:
+                    what = ("the kernel was compiled for" if name in fixed else
+                            "the call passes" if name in (given or {}) else "an earlier operand has")
+                    raise ValueError(f"{t.name}: dim {name} = {n} but {what} {name} = {sizes[name]}")
+                sizes[name] = n
+    for n in kernel.dynamic():
+        if n not in sizes:
+            raise ValueError(f"size {n} is not the extent of any input dimension: pass it by name "
+                             f"(kernel(..., {n}=...))")
+        if not 0 <= sizes[n] < 2**31:
+            raise ValueError(f"size {n} = {sizes[n]} does not fit the kernel's int32 size argument")
+    for t, shape in zip(kernel.inputs, shapes):
+        want = tuple(a.evaluate(sizes) for a in t.dims)
+        if tuple(shape) != want:
+            raise ValueError(f"{t.name}: shape {tuple(shape)}, expected {want}")
+    out_shape = tuple(a.evaluate(sizes) for a in kernel.output.dims)
+    if printed.mapping != "simt":  # the tensor-core templates index tiles with 32-bit ints
+        for t, shape in list(zip(kernel.inputs, shapes)) + [(kernel.output, out_shape)]:
+            if math.prod(shape) >= 2**31:
+                raise ValueError(f"{t.name} has {math.prod(shape)} elements >= 2^31: the {printed.mapping} "
+                                 "kernel indexes with 32-bit offsets; split the call (the SIMT mapping uses 64-bit)")
+    grids = []
+    for v in printed.variants:
+        # loops sharing an axis multiply (row-major, codegen.grid)
+        grid = axis_blocks(tuple((axis, ext.evaluate(sizes)) for axis, ext in v.launch.grid))
+        for i, (n, lim) in enumerate(zip(grid, DEVICE.grid_limits)):
+            if n > lim:
+                loops = " * ".join(str(ext) for axis, ext in v.launch.grid if axis == "xyz"[i])
+                raise ValueError(f"grid axis {'xyz'[i]} needs {n} blocks ({loops}) > the device limit {lim}")
+        grids.append(tuple(grid))
+    size_args = tuple(sizes[n] for n in kernel.dynamic())
+    return Geometry(sizes, out_shape, tuple(grids), size_args, any(n == 0 for n in out_shape))
 
 
 def _current_device() -> int:

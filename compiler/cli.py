@@ -160,22 +160,14 @@ def write_outputs(derivation: Any, outdir: Path, *, codegen: bool = True, proofs
                   policy: ProofPolicy = ProofPolicy()) -> ProofCheck:
     """Write every build output into `outdir` (an existing, empty directory).
 
-    The obligations are written first and checked by coqc (`compiler.proofcheck`) while the
-    kernel is generated; derivation.json and report.md, which record the check, come last.
-    A failing obligation raises ProofCheckError (exit 4)."""
+    The obligations are written first and checked by coqc (`compiler.proofcheck`, in the
+    background) while the kernel is generated and checked; derivation.json and report.md, which
+    record the proof check, come last.  A failing obligation raises ProofCheckError (exit 4)."""
     from .printer import show_program
     from .report import write_report
     from .trace import write_trace
 
     d = derivation
-    build = _optional("codegen.build") if codegen else None
-    kernel = None
-    if build is not None:  # the `lowering` step: kernel IR checked against the final program
-        try:
-            kernel, _ = build.prepare(d)
-        except Exception as exc:
-            raise BuildError(f"{d.file}: codegen: {_one_line(exc)}") from exc
-
     obligations = _optional("compiler.obligations") if proofs else None
     exported = obligations is not None and hasattr(obligations, "write_obligations")
     if exported:
@@ -197,22 +189,7 @@ def write_outputs(derivation: Any, outdir: Path, *, codegen: bool = True, proofs
     else:
         pending = proofcheck.start_check(outdir / "proofs", use_cache=policy.use_cache)
     try:
-        steps = outdir / "steps"
-        steps.mkdir()
-        width = max(2, len(str(len(d.steps))))
-        (steps / f"{0:0{width}d}_spec.txt").write_text(show_program(d.programs[0]))
-        for rec, prog in zip(d.steps, d.programs[1:]):
-            (steps / f"{rec.index:0{width}d}_{rec.rule}.txt").write_text(show_program(prog))
-        (outdir / "program.txt").write_text(show_program(d.final))
-        if build is not None:
-            try:
-                build.emit(d, outdir, kernel)
-            except (SpecError, DerivationError):
-                raise
-            except Exception as exc:  # kernel sources and compiler logs help to see why
-                keep = sorted((p.name for p in outdir.iterdir() if p.suffix in (".cu", ".log")),
-                              key=lambda n: (not n.endswith(".cu"), n))
-                raise BuildError(f"{d.file}: codegen: {_one_line(exc)}", keep) from exc
+        _write_program_and_kernel(d, outdir, codegen)
     except BaseException:
         if pending is not None:
             pending.cancel()
@@ -227,6 +204,42 @@ def write_outputs(derivation: Any, outdir: Path, *, codegen: bool = True, proofs
     (outdir / "report.md").write_text(write_report(d))
     write_marker(outdir, BUILD_MARKER)
     return check
+
+
+def _write_program_and_kernel(d: Any, outdir: Path, codegen: bool) -> None:
+    """steps/, program.txt and (with codegen) the kernel: lowering, its text on the CPU, NVRTC."""
+    from .printer import show_program
+
+    build = _optional("codegen.build") if codegen else None
+    kernel = printed = None
+    if build is not None:  # `lowering`: the kernel IR vs the final program; `kernel`: its text on the CPU
+        try:
+            kernel, _ = build.prepare(d)
+            printed = build.print_checked(kernel)
+            build.check_text(d, printed)
+        except Exception as exc:
+            keep = []
+            if printed is not None:  # the text that failed, to read beside the error
+                for v in printed.variants:
+                    (outdir / f"{v.stem}.cu").write_text(v.source.source)
+                    keep.append(f"{v.stem}.cu")
+            raise BuildError(f"{d.file}: codegen: {_one_line(exc)}", keep) from exc
+    steps = outdir / "steps"
+    steps.mkdir()
+    width = max(2, len(str(len(d.steps))))
+    (steps / f"{0:0{width}d}_spec.txt").write_text(show_program(d.programs[0]))
+    for rec, prog in zip(d.steps, d.programs[1:]):
+        (steps / f"{rec.index:0{width}d}_{rec.rule}.txt").write_text(show_program(prog))
+    (outdir / "program.txt").write_text(show_program(d.final))
+    if build is not None:
+        try:
+            build.emit(d, outdir, kernel, printed)
+        except (SpecError, DerivationError):
+            raise
+        except Exception as exc:  # kernel sources and compiler logs help to see why
+            keep = sorted((p.name for p in outdir.iterdir() if p.suffix in (".cu", ".log")),
+                          key=lambda n: (not n.endswith(".cu"), n))
+            raise BuildError(f"{d.file}: codegen: {_one_line(exc)}", keep) from exc
 
 
 def _one_line(exc: BaseException) -> str:
@@ -279,6 +292,15 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
         out.table(["#", "rule", "kind", "theorem", "rel. error"], rows, title=f"{spec.name}: {len(rows)} steps")
     sizes = ", ".join(f"{k}={v}" for k, v in d.check_sizes.items())
     out.line(f"checked at {sizes}; seed {d.seed}")
+    kc = getattr(d, "kernel_check", None)
+    if kc:
+        n = kc["numeric"]
+        if n.get("skipped"):
+            out.line(f"kernel text NOT run on the CPU: {n['skipped']}", style="yellow")
+        else:
+            worst = max(r["rel_error"] for r in n["draws"])
+            out.line(f"kernel text run on the CPU: {len(n['draws'])} draws over {', '.join(kc['facts']['variants'])}, "
+                     f"worst relative error {worst:.1e}")
     check: ProofCheck = d.proof_check
     out.line(check.line(), style="green" if check.checked else "yellow")
     out.line(f"wrote {args.output} (final program {d.final.digest()})", style="green")

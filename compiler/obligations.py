@@ -41,6 +41,7 @@ from .obligations_base import (
     _failed_text, _find_path, _lam_of, _ob, _path_hyps, _thm_name, coq_text, lean_text,
 )
 from .obligations_frame import others_thm, site_frame, store_frame
+from .obligations_safety import safety_index, safety_obligation
 from .obligations_terms import A, ExportError, Exporter, Lam, N, Term, V, conj
 
 __all__ = ["Obligation", "Thm", "coq_text", "lean_text", "obligation_for", "write_obligations"]
@@ -570,7 +571,34 @@ def write_obligations(derivation: Any, outdir: Path) -> list[Path]:
                           "before": ob.before, "after": ob.after, "constants": ob.consts})
         written += [vf, lf]
         index.append(entry)
+    payload: dict[str, Any] = {"steps": index}
+    safety = _write_safety(d, outdir)
+    if safety is not None:
+        entry, files = safety
+        payload["safety"] = entry
+        written += files
     ix = outdir / "index.json"
-    ix.write_text(json.dumps({"steps": index}, indent=2) + "\n")
+    ix.write_text(json.dumps(payload, indent=2) + "\n")
     written.append(ix)
     return written
+
+
+def _write_safety(d: Any, outdir: Path) -> tuple[dict[str, Any], list[Path]] | None:
+    """StepNN_SAFETY.v / .lean for the final program (NN the last step); None without exp sites."""
+    last = d.steps[-1].index
+    vf, lf = outdir / f"Step{last:02d}_SAFETY.v", outdir / f"Step{last:02d}_SAFETY.lean"
+    try:
+        ob = safety_obligation(last, d.programs[-1])
+    except Exception as exc:  # noqa: BLE001 - reported in the file and the index, never fatal
+        reason = f"{type(exc).__name__}: {exc}"
+        vf.write_text(_failed_text(last, "safety", reason))
+        lf.write_text(f"/- derivc: safety obligation not generated: {reason} -/\n")
+        return ({"files": {"coq": vf.name, "lean": lf.name}, "status": "not generated",
+                 "error": reason}, [vf, lf])
+    if ob is None:
+        return None
+    if not ob.thms:  # every site not covered: nothing to check, the index says which
+        return ({"files": {}, "status": ob.status, "coq_theorems": [], "not_checked": ob.unchecked}, [])
+    vf.write_text(coq_text(ob))
+    lf.write_text(lean_text(ob))
+    return ({**safety_index(ob, vf.name, lf.name), "status": ob.status}, [vf, lf])

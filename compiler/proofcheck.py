@@ -156,9 +156,11 @@ def from_trace(trace: dict[str, Any]) -> ProofCheck | None:
 
 def attach(trace: dict[str, Any], check: ProofCheck) -> dict[str, Any]:
     """derivation.json with the proof check recorded: top-level `proofs` and each rule step's
-    `proof` (the lowering step has no obligation)."""
+    `proof` (the codegen steps, lowering and kernel, have no obligation)."""
+    from .trace import CODEGEN_STEPS
+
     for s in trace.get("steps", []):
-        if isinstance(s, dict) and isinstance(s.get("index"), int) and s.get("rule") not in ("lowering", "kernel"):
+        if isinstance(s, dict) and isinstance(s.get("index"), int) and s.get("rule") not in CODEGEN_STEPS:
             s["proof"] = check.step_record(s["index"])
     trace["proofs"] = check.summary()
     return trace

@@ -99,4 +99,26 @@ def write_report(d: Derivation) -> str:
                 f"(tolerance {n['tolerance']:.0e}) — {'passed' if n['passed'] else 'FAILED'}",
                 "- not proved: the kernel IR's semantics has no Coq / Lean export yet; this step is checked numerically only",
                 ""]
+    kc = getattr(d, "kernel_check", None)
+    if kc:
+        out += kernel_step_markdown(kc)
     return "\n".join(out)
+
+
+def kernel_step_markdown(kc: dict) -> list[str]:
+    """The `kernel` step: the printed text run on the CPU, one line per variant and draw."""
+    out = [f"## Step {kc['index']}: kernel (the kernel text on the CPU)", "",
+           f"The printed kernel ({', '.join(kc['facts']['variants'])}, mapping `{kc['facts']['mapping']}`), "
+           "compiled by the host C++ compiler with the instruction wrappers emulated, run against the final "
+           "program in float64.", f"- validated {kc['validated']}"]
+    n = kc["numeric"]
+    if n.get("skipped"):
+        out.append(f"- NOT RUN: {n['skipped']}")
+    for r in n.get("draws", []):
+        out.append(f"- {r['variant']}.cu, draw {r['draw']} (inputs ×{r['scale']:g}, seed {r['seed']}, "
+                   f"{r['order']} order) at {format_sizes(r['sizes'])}: relative error {r['rel_error']:.1e}, "
+                   f"worst element {r['max_elem_error']:.1e} of max|ref| (tolerance {r['tolerance']:.0e}) — "
+                   f"{'passed' if r['passed'] else 'FAILED'}")
+    out += ["- trusted: the emulation of the instruction wrappers (checked against the GPU by "
+            "tests/gpu/test_emu_instr_gpu.py), the host C++ compiler, NVRTC / ptxas and the hardware", ""]
+    return out

@@ -50,6 +50,14 @@ def spec_text_of(d: Derivation) -> str | None:
         return None
 
 
+CODEGEN_STEPS = ("lowering", "kernel")  # checks of codegen recorded after the rules' steps
+
+
+def codegen_steps(d: Derivation) -> list[dict[str, Any]]:
+    """The records of the codegen checks the build ran (kernel IR, then the kernel text)."""
+    return [r for r in (getattr(d, "lowering", None), getattr(d, "kernel_check", None)) if r]
+
+
 def write_trace(d: Derivation) -> dict[str, Any]:
     """The content of derivation.json (JSON-serialisable).
 
@@ -69,7 +77,7 @@ def write_trace(d: Derivation) -> dict[str, Any]:
         "check_sizes": dict(d.check_sizes),
         "seed": d.seed,
         "seed_given": d.seed_given,
-        "steps": [s.to_json() for s in d.steps] + ([d.lowering] if getattr(d, "lowering", None) else []),
+        "steps": [s.to_json() for s in d.steps] + codegen_steps(d),
         "final_digest": d.final.digest(),
         "output": d.final.output,
     }
@@ -97,7 +105,7 @@ def replay_programs(
             "replay", f"the spec lowers to {prog.digest()}, the trace was made from {trace['spec_digest']}", None, file
         )
     programs = [prog]
-    steps = [s for s in trace.get("steps", []) if s.get("rule") != "lowering"]  # the codegen step: no rewrite
+    steps = [s for s in trace.get("steps", []) if s.get("rule") not in CODEGEN_STEPS]  # no rewrite
     if upto is not None:
         if not 0 <= upto <= len(steps):
             raise DerivationError("replay", f"step {upto} out of range: the trace has {len(steps)} steps", None, file)

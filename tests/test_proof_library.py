@@ -124,7 +124,7 @@ def test_coq_library_compiles_with_examples(built_lib):
     assert (built_lib / "examples" / "ExampleOnline.vo").exists()
     # the algebra has models: the intended one (reals) and GF(2) (what is not provable about -inf)
     assert (built_lib / "models" / "ModelReals.vo").exists()
-    assert (built_lib / "models" / "ModelBool.vo").exists()
+    assert (built_lib / "models" / "ModelRat.vo").exists()
 
 
 @needs_coq

@@ -27,6 +27,7 @@ from ..kir import Kernel, Stage, TileLoop
 from ..plan import ContractionPlan
 from ..render import render_contraction
 from ..render_wgmma import encode_tensor_maps, render_wgmma, tma_supported
+from ..tma import Encoder, encode_driver
 from .registry import Mapping, Printed, Variant, register
 from .common import bound_cond, grid_axes, launch_of, operand, refuse, size_name, staged, tile_coord
 
@@ -235,13 +236,15 @@ def _print(k: Kernel, options: tuple[str, ...], instr: str) -> Printed:
     return Printed(f"contraction_{instr}", k, plan, variants, _promises(plan))
 
 
-def _host_wgmma(printed: Printed, sizes: dict[str, int], ptrs: tuple[int, ...]) -> tuple[int, bytes | None]:
-    """The warp-specialized TMA kernel when sizes and pointers allow (16-byte rows and bases)."""
+def _host_wgmma(printed: Printed, sizes: dict[str, int], ptrs: tuple[int, ...],
+                encode: Encoder = encode_driver) -> tuple[int, bytes | None]:
+    """The warp-specialized TMA kernel when sizes and pointers allow (16-byte rows and bases);
+    encode: the tensor-map encoding (the driver's, or the CPU emulation's)."""
     plan = printed.plan
     names = plan.args or (plan.a.name, plan.b.name)
     pa, pb = ptrs[names.index(plan.a.name)], ptrs[names.index(plan.b.name)]
     if tma_supported(plan, sizes, (pa, pb)):
-        return 1, encode_tensor_maps(plan, sizes, pa, pb)
+        return 1, encode_tensor_maps(plan, sizes, pa, pb, encode)
     return 0, None
 
 

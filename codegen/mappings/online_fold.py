@@ -42,6 +42,7 @@ from ..ctx_common import loop_block_var
 from ..plan import AttentionPlan, Operand
 from ..render import render_fold
 from ..render_attn_wgmma import encode_attn_tensor_maps, render_attn_wgmma
+from ..tma import Encoder, encode_driver
 from .registry import Mapping, Printed, Variant, register
 from .common import bound_cond, grid_axes, launch_of, operand, refuse, staged
 
@@ -431,8 +432,9 @@ def _print(k: Kernel, options: tuple[str, ...], instr: str) -> Printed:
     return Printed(f"online_fold_{instr}", k, plan, (variant,), promises)
 
 
-def _host_wgmma(printed: Printed, sizes: dict[str, int], ptrs: tuple[int, ...]) -> tuple[int, bytes | None]:
-    return 0, encode_attn_tensor_maps(printed.plan, sizes, *ptrs[:3])
+def _host_wgmma(printed: Printed, sizes: dict[str, int], ptrs: tuple[int, ...],
+                encode: Encoder = encode_driver) -> tuple[int, bytes | None]:
+    return 0, encode_attn_tensor_maps(printed.plan, sizes, *ptrs[:3], encode=encode)
 
 
 def _register() -> None:

@@ -32,8 +32,9 @@ class Mapping:
     family: str
     instr: str | None
     render: Callable[[Kernel, tuple[str, ...]], Printed]
-    # host side at a call: (printed, sizes, pointers) -> (variant index, extra argument bytes or None)
-    host: Callable[[Printed, dict[str, int], tuple[int, ...]], tuple[int, bytes | None]] | None = None
+    # host side at a call: (printed, sizes, pointers[, tensor-map encoder]) -> (variant index, extra
+    # argument bytes or None); the encoder defaults to the driver's (codegen.tma.encode_driver)
+    host: Callable[..., tuple[int, bytes | None]] | None = None
 
 
 REGISTRY: dict[tuple[str, str | None], Mapping] = {}

@@ -28,8 +28,17 @@ class KAlg (R : Type) where
   inv_mul_distrib : ∀ a b : R, inv (mul a b) = mul (inv a) (inv b)
   exp_add : ∀ a b : R, exp (add a b) = mul (exp a) (exp b)
   exp_zero : exp zero = one
-  rmax_assoc : ∀ a b c : R, rmax (rmax a b) c = rmax a (rmax b c)
-  rmax_comm : ∀ a b : R, rmax a b = rmax b a
+  /-- a total order compatible with + -/
+  le : R → R → Prop
+  le_total : ∀ a b : R, le a b ∨ le b a
+  le_antisym : ∀ a b : R, le a b → le b a → a = b
+  le_trans : ∀ a b c : R, le a b → le b c → le a c
+  le_add_r : ∀ a b c : R, le a b → le (add a c) (add b c)
+  /-- finite max = the larger of the two (the join) -/
+  rmax_l : ∀ a b : R, le b a → rmax a b = a
+  rmax_r : ∀ a b : R, le a b → rmax a b = b
+  /-- exp is monotone -/
+  exp_mono : ∀ a b : R, le a b → le (exp a) (exp b)
 
 /-- the extended values: finite, or -infinity as its own constructor (Coq: Fin / NInf) -/
 inductive Ext (R : Type) where
@@ -110,6 +119,54 @@ theorem div_cancel_r (c a b : R) (hc : c ≠ KAlg.zero) :
   rw [KAlg.mul_comm a c, KAlg.mul_comm b c]
   exact div_cancel_l c a b hc
 
+/-! The order (Coq: Algebra.v): rmax is the join, exp is monotone. -/
+
+theorem le_refl (a : R) : KAlg.le a a := by
+  cases KAlg.le_total a a with
+  | inl h => exact h
+  | inr h => exact h
+
+theorem le_rmax_l (a b : R) : KAlg.le a (KAlg.rmax a b) := by
+  cases KAlg.le_total a b with
+  | inl h => rw [KAlg.rmax_r a b h]; exact h
+  | inr h => rw [KAlg.rmax_l a b h]; exact le_refl a
+
+theorem le_rmax_r (a b : R) : KAlg.le b (KAlg.rmax a b) := by
+  cases KAlg.le_total a b with
+  | inl h => rw [KAlg.rmax_r a b h]; exact le_refl b
+  | inr h => rw [KAlg.rmax_l a b h]; exact h
+
+theorem rmax_lub (a b x : R) (ha : KAlg.le a x) (hb : KAlg.le b x) : KAlg.le (KAlg.rmax a b) x := by
+  cases KAlg.le_total a b with
+  | inl h => rw [KAlg.rmax_r a b h]; exact hb
+  | inr h => rw [KAlg.rmax_l a b h]; exact ha
+
+theorem rmax_comm (a b : R) : KAlg.rmax a b = KAlg.rmax b a :=
+  KAlg.le_antisym _ _ (rmax_lub a b _ (le_rmax_r b a) (le_rmax_l b a))
+    (rmax_lub b a _ (le_rmax_r a b) (le_rmax_l a b))
+
+theorem rmax_assoc (a b c : R) :
+    KAlg.rmax (KAlg.rmax a b) c = KAlg.rmax a (KAlg.rmax b c) :=
+  KAlg.le_antisym _ _
+    (rmax_lub _ _ _
+      (rmax_lub _ _ _ (le_rmax_l a (KAlg.rmax b c))
+        (KAlg.le_trans _ _ _ (le_rmax_l b c) (le_rmax_r a (KAlg.rmax b c))))
+      (KAlg.le_trans _ _ _ (le_rmax_r b c) (le_rmax_r a (KAlg.rmax b c))))
+    (rmax_lub _ _ _ (KAlg.le_trans _ _ _ (le_rmax_l a b) (le_rmax_l (KAlg.rmax a b) c))
+      (rmax_lub _ _ _ (KAlg.le_trans _ _ _ (le_rmax_r a b) (le_rmax_l (KAlg.rmax a b) c))
+        (le_rmax_r (KAlg.rmax a b) c)))
+
+/-- the exp argument a - b is <= 0 exactly when a <= b -/
+theorem le_sub_0 (a b : R) (h : KAlg.le a b) : KAlg.le (sub a b) KAlg.zero := by
+  have e := KAlg.le_add_r a b (KAlg.neg b) h
+  rw [KAlg.add_neg] at e
+  exact e
+
+theorem exp_le_one (a : R) (h : KAlg.le a KAlg.zero) : KAlg.le (KAlg.exp a) KAlg.one := by
+  have e := KAlg.exp_mono a KAlg.zero h
+  rw [KAlg.exp_zero] at e
+  exact e
+
 /-! Extended values (Coq: Algebra.v, section Derived): no ring arithmetic on -inf. -/
 
 /-- max on extended values (Coq: `max`); -inf is its unit -/
@@ -134,10 +191,10 @@ def rescale : Ext R → Ext R → R
   | a, b => expd a b
 
 theorem max_assoc (a b c : Ext R) : emax (emax a b) c = emax a (emax b c) := by
-  cases a <;> cases b <;> cases c <;> simp only [emax, KAlg.rmax_assoc]
+  cases a <;> cases b <;> cases c <;> simp only [emax, rmax_assoc]
 
 theorem max_comm (a b : Ext R) : emax a b = emax b a := by
-  cases a <;> cases b <;> simp only [emax, KAlg.rmax_comm]
+  cases a <;> cases b <;> simp only [emax, rmax_comm]
 
 theorem max_ninf (a : Ext R) : emax Ext.ninf a = a := by
   cases a <;> rfl
@@ -167,5 +224,143 @@ theorem rescale_diag (a : Ext R) : rescale a a = KAlg.one := by
 theorem rescale_fin (x y : R) : rescale (Ext.fin x) (Ext.fin y) = KAlg.exp (sub x y) := rfl
 
 theorem rescale_ninf_l (y : R) : rescale Ext.ninf (Ext.fin y) = KAlg.zero := rfl
+
+/-- the order on extended values: -inf below everything (Coq: `ele`) -/
+def ele : Ext R → Ext R → Prop
+  | Ext.ninf, _ => True
+  | Ext.fin _, Ext.ninf => False
+  | Ext.fin x, Ext.fin y => KAlg.le x y
+
+theorem ele_ninf (a : Ext R) : ele Ext.ninf a := by
+  cases a <;> exact True.intro
+
+theorem ele_refl (a : Ext R) : ele a a := by
+  cases a with
+  | fin x => exact le_refl x
+  | ninf => exact True.intro
+
+theorem ele_trans (a b c : Ext R) (h1 : ele a b) (h2 : ele b c) : ele a c := by
+  cases a with
+  | ninf => exact True.intro
+  | fin x =>
+    cases b with
+    | ninf => exact False.elim h1
+    | fin y =>
+      cases c with
+      | ninf => exact False.elim h2
+      | fin z => exact KAlg.le_trans x y z h1 h2
+
+theorem ele_max_l (a b : Ext R) : ele a (emax a b) := by
+  cases a with
+  | ninf => exact True.intro
+  | fin x =>
+    cases b with
+    | ninf => exact le_refl x
+    | fin y => exact le_rmax_l x y
+
+theorem ele_max_r (a b : Ext R) : ele b (emax a b) := by
+  cases a with
+  | ninf => exact ele_refl b
+  | fin x =>
+    cases b with
+    | ninf => exact True.intro
+    | fin y => exact le_rmax_r x y
+
+/-- max is the join: the larger of the two -/
+theorem max_l (a b : Ext R) (h : ele b a) : emax a b = a := by
+  cases a with
+  | ninf =>
+    cases b with
+    | ninf => rfl
+    | fin y => exact False.elim h
+  | fin x =>
+    cases b with
+    | ninf => rfl
+    | fin y =>
+      show Ext.fin (KAlg.rmax x y) = Ext.fin x
+      rw [KAlg.rmax_l x y h]
+
+theorem max_r (a b : Ext R) (h : ele a b) : emax a b = b := by
+  cases a with
+  | ninf => rfl
+  | fin x =>
+    cases b with
+    | ninf => exact False.elim h
+    | fin y =>
+      show Ext.fin (KAlg.rmax x y) = Ext.fin y
+      rw [KAlg.rmax_r x y h]
+
+/-- the safety of the IR's rescale(a, b) = exp (a - b): the argument is <= 0
+    (rescale(-inf, -inf) = 1 by convention) (Coq: `rescale_safe`) -/
+def rescale_safe : Ext R → Ext R → Prop
+  | Ext.ninf, _ => True
+  | Ext.fin _, Ext.ninf => False
+  | Ext.fin x, Ext.fin y => KAlg.le (sub x y) KAlg.zero
+
+/-- the safety of a plain exp (a - b): as rescale, except that -inf - (-inf) is NaN
+    (Coq: `expd_safe`) -/
+def expd_safe : Ext R → Ext R → Prop
+  | Ext.fin x, Ext.fin y => KAlg.le (sub x y) KAlg.zero
+  | Ext.ninf, Ext.fin _ => True
+  | _, Ext.ninf => False
+
+theorem rescale_safe_of_ele (a b : Ext R) (h : ele a b) : rescale_safe a b := by
+  cases a with
+  | ninf => exact True.intro
+  | fin x =>
+    cases b with
+    | ninf => exact False.elim h
+    | fin y => exact le_sub_0 x y h
+
+theorem expd_safe_of_ele_ne (a b : Ext R) (h : ele a b) (hn : a ≠ Ext.ninf) : expd_safe a b := by
+  cases a with
+  | ninf => exact absurd rfl hn
+  | fin x =>
+    cases b with
+    | ninf => exact False.elim h
+    | fin y => exact le_sub_0 x y h
+
+theorem expd_safe_le_one (x y : R) (h : expd_safe (Ext.fin x) (Ext.fin y)) :
+    KAlg.le (expd (Ext.fin x) (Ext.fin y)) KAlg.one :=
+  exp_le_one (sub x y) h
+
+theorem rescale_safe_max_l (a b : Ext R) : rescale_safe a (emax a b) :=
+  rescale_safe_of_ele a (emax a b) (ele_max_l a b)
+
+/-- on safe arguments exp (a - b) never meets `undef`: its value is one of these -/
+def expd_def : Ext R → Ext R → R
+  | Ext.fin x, Ext.fin y => KAlg.exp (sub x y)
+  | _, _ => KAlg.zero
+
+def rescale_def : Ext R → Ext R → R
+  | Ext.fin x, Ext.fin y => KAlg.exp (sub x y)
+  | Ext.ninf, Ext.ninf => KAlg.one
+  | _, _ => KAlg.zero
+
+theorem expd_safe_defined (a b : Ext R) (h : expd_safe a b) : expd a b = expd_def a b := by
+  cases a with
+  | ninf =>
+    cases b with
+    | ninf => exact False.elim h
+    | fin y => rfl
+  | fin x =>
+    cases b with
+    | ninf => exact False.elim h
+    | fin y => rfl
+
+theorem rescale_safe_defined (a b : Ext R) (h : rescale_safe a b) :
+    rescale a b = rescale_def a b := by
+  cases a with
+  | ninf =>
+    cases b with
+    | ninf => rfl
+    | fin y => rfl
+  | fin x =>
+    cases b with
+    | ninf => exact False.elim h
+    | fin y => rfl
+
+/-- exp (-inf - (-inf)) is NaN: never safe -/
+theorem expd_safe_ninf_ninf : ¬ expd_safe (Ext.ninf : Ext R) Ext.ninf := fun h => h
 
 end Derivc

@@ -291,4 +291,72 @@ macro "derivc_mnext" : tactic => `(tactic| (
     derivc_cases
     all_goals derivc_fin_close))
 
+/-! Safety: exp arguments <= 0 (Coq: Tactics.v, section Safety). -/
+
+theorem ele_max_l_of (x a b : Ext R) (h : ele x a) : ele x (emax a b) :=
+  ele_trans x a (emax a b) h (ele_max_l a b)
+
+theorem ele_max_r_of (x a b : Ext R) (h : ele x b) : ele x (emax a b) :=
+  ele_trans x b (emax a b) h (ele_max_r a b)
+
+theorem ele_maxTo (n : Nat) (f : Nat → Ext R) : ∀ j, j < n → ele (f j) (maxTo n f) := by
+  induction n with
+  | zero => intro j hj; exact absurd hj (Nat.not_lt_zero j)
+  | succ n ih =>
+    intro j hj
+    rw [maxTo_S]
+    cases Nat.decEq j n with
+    | isTrue e => subst e; exact ele_max_r _ _
+    | isFalse e => exact ele_max_l_of (f j) (maxTo n f) (f n) (ih j (by omega))
+
+theorem ele_maxTo_at (n : Nat) (f : Nat → Ext R) (x : Ext R) (h : ∃ j, j < n ∧ x = f j) :
+    ele x (maxTo n f) := by
+  cases h with
+  | intro j hj => rw [hj.2]; exact ele_maxTo n f j hj.1
+
+theorem ele_foldN {S : Type} (step : Nat → S → S) (s0 : S) (proj : S → Ext R) (n o : Nat)
+    (x : Ext R) :
+    (∀ k s, k < n → ele (proj s) (proj (step k s))) → o < n →
+    (∀ s, ele x (proj (step o s))) → ele x (proj (foldN step s0 n)) := by
+  induction n with
+  | zero => intro _ ho _; exact absurd ho (Nat.not_lt_zero o)
+  | succ n ih =>
+    intro hmono ho hx
+    rw [foldN_succ]
+    cases Nat.decEq o n with
+    | isTrue e => subst e; exact hx _
+    | isFalse e =>
+      exact ele_trans x (proj (foldN step s0 n)) _
+        (ih (fun k s hk => hmono k s (by omega)) (by omega) hx) (hmono n _ (by omega))
+
+theorem div_mod_t (i t : Nat) (_ht : 0 < t) : i = i % t + t * (i / t) := by
+  rw [Nat.add_comm]
+  exact (Nat.div_add_mod i t).symm
+
+theorem div_lt_ceilDiv (i n t : Nat) (ht : 0 < t) (hi : i < n) : i / t < ceilDiv n t := by
+  have h := ceilDiv_ge n t ht
+  exact (Nat.div_lt_iff_lt_mul ht).2 (by omega)
+
+/-- goal `ele x m`, m a max over a set that contains x (Coq: derivc_ele; the Coq tactic also
+    covers the final running max of a fold through `ele_foldN`, found by goal matching, which
+    this macro does not mirror) -/
+syntax "derivc_ele" : tactic
+macro_rules
+  | `(tactic| derivc_ele) => `(tactic| first
+      | exact ele_refl _
+      | exact True.intro
+      | (apply ele_max_r_of; derivc_ele)
+      | (apply ele_max_l_of; derivc_ele)
+      | (apply ele_maxTo_at; exact ⟨_, by omega, rfl⟩))
+
+/-- goal `a ≠ Ext.ninf` for the score of an exp site, under the site's select conditions -/
+macro "derivc_not_ninf" : tactic =>
+  `(tactic| (derivc_red; derivc_cases; all_goals (intro h; cases h)))
+
+/-- a safety obligation `... → let .. in expd_safe a m` or `rescale_safe m m'` -/
+macro "derivc_safe" : tactic =>
+  `(tactic| (intros; first
+      | (apply rescale_safe_of_ele; derivc_ele)
+      | (apply expd_safe_of_ele_ne; derivc_ele; derivc_not_ninf)))
+
 end Derivc

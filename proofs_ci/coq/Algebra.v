@@ -11,7 +11,12 @@
      rescale: the IR's rescale(a, b)               rescale a a = one (also at -inf)
    and the undefined cases (exp (x - (-inf)) = +inf, -inf - -inf = NaN outside rescale) give
    `undef`, an element about which NOTHING is assumed: a statement that depends on it is
-   not provable (models with different undef values disagree). *)
+   not provable (models with different undef values disagree) -- except the ring laws, which
+   hold of every element of R: undef * 0 = 0 is provable (README, "The proof layer").
+
+   R is totally ordered (`le`, compatible with +), rmax is the join of that order, exp is
+   monotone; -inf (NInf) is below every extended value (`ele`).  The order is what the
+   safety obligations use: every exp argument s - m with m a running max is <= 0. *)
 
 Class KAlg (R : Type) := {
   zero : R;
@@ -40,9 +45,17 @@ Class KAlg (R : Type) := {
   (* exponential *)
   exp_add : forall a b : R, exp (add a b) = mul (exp a) (exp b);
   exp_zero : exp zero = one;
-  (* finite max; -infinity (its unit) lives in ext R *)
-  rmax_assoc : forall a b c : R, rmax (rmax a b) c = rmax a (rmax b c);
-  rmax_comm : forall a b : R, rmax a b = rmax b a
+  (* a total order compatible with + *)
+  le : R -> R -> Prop;
+  le_total : forall a b : R, le a b \/ le b a;
+  le_antisym : forall a b : R, le a b -> le b a -> a = b;
+  le_trans : forall a b c : R, le a b -> le b c -> le a c;
+  le_add_r : forall a b c : R, le a b -> le (add a c) (add b c);
+  (* finite max = the larger of the two (the join); -infinity (its unit) lives in ext R *)
+  rmax_l : forall a b : R, le b a -> rmax a b = a;
+  rmax_r : forall a b : R, le a b -> rmax a b = b;
+  (* exp is monotone *)
+  exp_mono : forall a b : R, le a b -> le (exp a) (exp b)
 }.
 
 (* the extended values: finite, or -infinity as its own constructor *)
@@ -156,6 +169,59 @@ Proof.
   intros c a b Hc. rewrite (mul_comm a c), (mul_comm b c). apply div_cancel_l. exact Hc.
 Qed.
 
+(* ----------------------------------------------------------- the order *)
+
+Lemma le_refl : forall a : R, le a a.
+Proof. intros a. destruct (le_total a a) as [E | E]; exact E. Qed.
+
+Lemma le_rmax_l : forall a b : R, le a (rmax a b).
+Proof.
+  intros a b. destruct (le_total a b) as [E | E].
+  - rewrite (rmax_r a b E). exact E.
+  - rewrite (rmax_l a b E). apply le_refl.
+Qed.
+
+Lemma le_rmax_r : forall a b : R, le b (rmax a b).
+Proof.
+  intros a b. destruct (le_total a b) as [E | E].
+  - rewrite (rmax_r a b E). apply le_refl.
+  - rewrite (rmax_l a b E). exact E.
+Qed.
+
+Lemma rmax_lub : forall a b x : R, le a x -> le b x -> le (rmax a b) x.
+Proof.
+  intros a b x Ha Hb. destruct (le_total a b) as [E | E].
+  - rewrite (rmax_r a b E). exact Hb.
+  - rewrite (rmax_l a b E). exact Ha.
+Qed.
+
+Lemma rmax_comm : forall a b : R, rmax a b = rmax b a.
+Proof.
+  intros a b. apply le_antisym; apply rmax_lub; first [apply le_rmax_l | apply le_rmax_r].
+Qed.
+
+Lemma rmax_assoc : forall a b c : R, rmax (rmax a b) c = rmax a (rmax b c).
+Proof.
+  intros a b c. apply le_antisym.
+  - apply rmax_lub; [apply rmax_lub |].
+    + apply le_rmax_l.
+    + apply (le_trans b (rmax b c)); [apply le_rmax_l | apply le_rmax_r].
+    + apply (le_trans c (rmax b c)); [apply le_rmax_r | apply le_rmax_r].
+  - apply rmax_lub; [| apply rmax_lub].
+    + apply (le_trans a (rmax a b)); [apply le_rmax_l | apply le_rmax_l].
+    + apply (le_trans b (rmax a b)); [apply le_rmax_r | apply le_rmax_l].
+    + apply le_rmax_r.
+Qed.
+
+(* the exp argument a - b is <= 0 exactly when a <= b *)
+Lemma le_sub_0 : forall a b : R, le a b -> le (sub a b) zero.
+Proof.
+  intros a b E. unfold sub. rewrite <- (add_neg b). apply le_add_r. exact E.
+Qed.
+
+Lemma exp_le_one : forall a : R, le a zero -> le (exp a) one.
+Proof. intros a E. rewrite <- exp_zero. apply exp_mono. exact E. Qed.
+
 (* ----------------------------------------------------------- extended values *)
 
 Definition max (a b : ext R) : ext R :=
@@ -226,5 +292,102 @@ Proof. reflexivity. Qed.
 
 Lemma rescale_ninf_l : forall y : R, rescale ninf (Fin y) = zero.
 Proof. reflexivity. Qed.
+
+(* the order on extended values: -inf below everything *)
+Definition ele (a b : ext R) : Prop :=
+  match a, b with
+  | NInf, _ => True
+  | Fin _, NInf => False
+  | Fin x, Fin y => le x y
+  end.
+
+Lemma ele_ninf : forall a : ext R, ele ninf a.
+Proof. intros a. exact I. Qed.
+
+Lemma ele_refl : forall a : ext R, ele a a.
+Proof. intros [a|]; simpl; [apply le_refl | exact I]. Qed.
+
+Lemma ele_trans : forall a b c : ext R, ele a b -> ele b c -> ele a c.
+Proof.
+  intros [a|] [b|] [c|]; simpl; intros E F; try exact I; try contradiction.
+  exact (le_trans a b c E F).
+Qed.
+
+Lemma ele_max_l : forall a b : ext R, ele a (max a b).
+Proof. intros [a|] [b|]; simpl; first [apply le_rmax_l | apply le_refl | exact I]. Qed.
+
+Lemma ele_max_r : forall a b : ext R, ele b (max a b).
+Proof. intros [a|] [b|]; simpl; first [apply le_rmax_r | apply le_refl | exact I]. Qed.
+
+(* max is the join: the larger of the two *)
+Lemma max_l : forall a b : ext R, ele b a -> max a b = a.
+Proof.
+  intros [a|] [b|]; simpl; intros E; try reflexivity; try contradiction.
+  rewrite (rmax_l a b E). reflexivity.
+Qed.
+
+Lemma max_r : forall a b : ext R, ele a b -> max a b = b.
+Proof.
+  intros [a|] [b|]; simpl; intros E; try reflexivity; try contradiction.
+  rewrite (rmax_r a b E). reflexivity.
+Qed.
+
+(* the safety of the IR's rescale(a, b) = exp (a - b): the argument is <= 0, i.e. a <= b
+   (a = -inf: exp gives 0, and rescale(-inf, -inf) = 1 by the IR's convention; b = -inf with
+   a finite: exp (a - (-inf)) = +inf, unsafe) *)
+Definition rescale_safe (a b : ext R) : Prop :=
+  match a, b with
+  | NInf, _ => True
+  | Fin _, NInf => False
+  | Fin x, Fin y => le (sub x y) zero
+  end.
+
+(* the safety of a plain exp (a - b): as rescale, except that -inf - (-inf) is NaN *)
+Definition expd_safe (a b : ext R) : Prop :=
+  match a, b with
+  | Fin x, Fin y => le (sub x y) zero
+  | NInf, Fin _ => True
+  | _, NInf => False
+  end.
+
+Lemma rescale_safe_of_ele : forall a b : ext R, ele a b -> rescale_safe a b.
+Proof. intros [a|] [b|]; simpl; intros E; try exact I; try contradiction. apply le_sub_0. exact E. Qed.
+
+(* a finite (or live) a below b: b is finite too, so exp (a - b) is defined and <= 1 *)
+Lemma expd_safe_of_ele_ne : forall a b : ext R, ele a b -> a <> NInf -> expd_safe a b.
+Proof.
+  intros [a|] [b|]; simpl; intros E N; try contradiction; try exact I;
+    first [ apply le_sub_0; exact E | exfalso; apply N; reflexivity ].
+Qed.
+
+Lemma expd_safe_le_one : forall x y : R, expd_safe (Fin x) (Fin y) -> le (expd (Fin x) (Fin y)) one.
+Proof. intros x y E. simpl. apply exp_le_one. exact E. Qed.
+
+Lemma rescale_safe_max_l : forall a b : ext R, rescale_safe a (max a b).
+Proof. intros a b. apply rescale_safe_of_ele, ele_max_l. Qed.
+
+(* on safe arguments exp (a - b) never meets `undef`: its value is one of these *)
+Definition expd_def (a b : ext R) : R :=
+  match a, b with
+  | Fin x, Fin y => exp (sub x y)
+  | _, _ => zero
+  end.
+
+Definition rescale_def (a b : ext R) : R :=
+  match a, b with
+  | Fin x, Fin y => exp (sub x y)
+  | NInf, NInf => one
+  | _, _ => zero
+  end.
+
+Lemma expd_safe_defined : forall a b : ext R, expd_safe a b -> expd a b = expd_def a b.
+Proof. intros [a|] [b|]; simpl; intros E; try contradiction; reflexivity. Qed.
+
+Lemma rescale_safe_defined : forall a b : ext R, rescale_safe a b -> rescale a b = rescale_def a b.
+Proof. intros [a|] [b|]; simpl; intros E; try contradiction; reflexivity. Qed.
+
+(* exp (-inf - (-inf)) is NaN: never safe *)
+Lemma expd_safe_ninf_ninf : ~ expd_safe NInf NInf.
+Proof. simpl. intros F. exact F. Qed.
 
 End Derived.

@@ -8,7 +8,11 @@
    - `kalg_ring`: the commutative-ring structure of KAlg (for Coq's `ring`),
    - the tactic `derivc_congr`, which closes goals `before = after` that agree up to
      linear nat index arithmetic, guards decided by `lia`, in-bounds producer reads
-     (`gen_inline`) and commutative-ring identities.
+     (`gen_inline`) and commutative-ring identities,
+   - the safety lemmas and the tactic `derivc_safe`, which proves `expd_safe a m` /
+     `rescale_safe m m'` (the exp argument is <= 0) when the shift is a max over a set
+     containing the other operand: a maxTo over a range,
+     a running max max(m_old, maxTo ..), or the final running max of a fold (`ele_foldN`).
    Nothing here is assumed: every lemma is proved from the KAlg fields. *)
 From Coq Require Import Arith Lia Bool Ring.
 Require Import Derivc.Algebra Derivc.Sum Derivc.Rules.Fuse Derivc.Rules.Tile
@@ -262,3 +266,91 @@ Ltac derivc_mnext :=
   apply max_NInf_inv in E; destruct E as [Em Et]; split; [exact Em |];
   intros i Hi; pose proof (maxTo_NInf_inv _ _ Et i Hi) as Hc; clear Et; revert Hc;
   derivc_red; derivc_cases; derivc_fin_close.
+
+(* ---------------------------------------------------------- safety: exp arguments <= 0 *)
+
+Section Safety.
+Context {R : Type} `{KAlg R}.
+
+Lemma ele_max_l_of : forall x a b : ext R, ele x a -> ele x (max a b).
+Proof. intros x a b E. exact (ele_trans x a (max a b) E (ele_max_l a b)). Qed.
+
+Lemma ele_max_r_of : forall x a b : ext R, ele x b -> ele x (max a b).
+Proof. intros x a b E. exact (ele_trans x b (max a b) E (ele_max_r a b)). Qed.
+
+Lemma ele_maxTo : forall (n : nat) (f : nat -> ext R) (j : nat), j < n -> ele (f j) (maxTo n f).
+Proof.
+  induction n as [|n IH]; intros f j Hj; [lia|].
+  rewrite maxTo_S. destruct (Nat.eq_dec j n) as [E | E].
+  - subst j. apply ele_max_r.
+  - apply ele_max_l_of. apply IH. lia.
+Qed.
+
+(* x is one of the maximised values *)
+Lemma ele_maxTo_at : forall (n : nat) (f : nat -> ext R) (x : ext R),
+  (exists j, j < n /\ x = f j) -> ele x (maxTo n f).
+Proof. intros n f x [j [Hj E]]. subst x. apply ele_maxTo. exact Hj. Qed.
+
+(* a fold whose running max never decreases and that, at step o, takes x into account *)
+Lemma ele_foldN : forall {S : Type} (step : nat -> S -> S) (s0 : S) (proj : S -> ext R)
+    (n o : nat) (x : ext R),
+  (forall k s, k < n -> ele (proj s) (proj (step k s))) -> o < n ->
+  (forall s, ele x (proj (step o s))) -> ele x (proj (foldN step s0 n)).
+Proof.
+  intros S step s0 proj n o x Hmono. induction n as [|n IH]; intros Ho Hx; [lia|].
+  cbn [foldN]. destruct (Nat.eq_dec o n) as [E | E].
+  - subst o. apply Hx.
+  - apply (ele_trans x (proj (foldN step s0 n))).
+    + apply IH; [intros k s Hk; apply Hmono; lia | lia | exact Hx].
+    + apply Hmono. lia.
+Qed.
+
+End Safety.
+
+Lemma div_mod_t : forall i t : nat, 0 < t -> i = i mod t + t * (i / t).
+Proof. intros i t Ht. pose proof (Nat.div_mod i t ltac:(lia)). lia. Qed.
+
+Lemma div_lt_ceilDiv : forall i n t : nat, 0 < t -> i < n -> i / t < ceilDiv n t.
+Proof.
+  intros i n t Ht Hi. apply Nat.div_lt_upper_bound; [lia|].
+  pose proof (ceilDiv_ge n t Ht). rewrite Nat.mul_comm. lia.
+Qed.
+
+(* goal: ele x m, m a max over a set that contains x *)
+Ltac derivc_ele :=
+  cbv beta;
+  lazymatch goal with
+  | |- ele ?x ?x => apply ele_refl
+  | |- ele ninf _ => exact I
+  | |- ele _ (max _ _) =>
+      first [ apply ele_max_r_of; derivc_ele | apply ele_max_l_of; derivc_ele ]
+  | |- ele _ (maxTo _ _) =>
+      apply ele_maxTo_at; eexists; split; [ | reflexivity ]; lia
+  | |- ele (Fin (?F ?i)) (?proj (foldN ?st ?s0 ?n)) =>
+      lazymatch st with
+      | context [maxTo ?t _] =>
+          apply (ele_foldN st s0 proj n (i / t) (Fin (F i)));
+          [ let k := fresh "k" in let s := fresh "s" in let Hk := fresh "Hk" in
+            intros k s Hk; cbv beta; cbn [fst snd st_m]; apply ele_max_l
+          | first [ apply Nat.div_lt_upper_bound; lia | apply div_lt_ceilDiv; lia ]
+          | let s := fresh "s" in
+            intros s; cbv beta; cbn [fst snd st_m]; apply ele_max_r_of; apply ele_maxTo_at;
+            exists (i mod t); split;
+            [ apply Nat.mod_upper_bound; lia
+            | cbv beta; rewrite <- (div_mod_t i t) by lia; reflexivity ] ]
+      end
+  end.
+
+(* goal: a <> NInf for the score of an exp site, under the site's select conditions *)
+Ltac derivc_not_ninf :=
+  derivc_red; repeat (derivc_split; derivc_red; try (exfalso; lia));
+  let E := fresh "E" in intro E; discriminate E.
+
+(* goal: a safety obligation `... -> let .. in expd_safe a m` (exp site) or `rescale_safe m m'`
+   (rescale site) *)
+Ltac derivc_safe :=
+  cbv zeta; intros;
+  lazymatch goal with
+  | |- rescale_safe _ _ => apply rescale_safe_of_ele; derivc_ele
+  | |- expd_safe _ _ => apply expd_safe_of_ele_ne; [ derivc_ele | derivc_not_ninf ]
+  end.

@@ -6,6 +6,14 @@
 From Coq Require Import Reals.
 Require Import Derivc.All.
 
+Lemma reals_le_total : forall a b : R, (a <= b \/ b <= a)%R.
+Proof. intros a b. destruct (Rle_or_lt a b) as [E | E]; [left | right]; [exact E | left; exact E]. Qed.
+
+Lemma reals_exp_mono : forall a b : R, (a <= b)%R -> (Rtrigo_def.exp a <= Rtrigo_def.exp b)%R.
+Proof.
+  intros a b [E | E]; [left; apply exp_increasing; exact E | right; subst; reflexivity].
+Qed.
+
 #[local] Instance reals_kalg : KAlg R := {|
   zero := 0%R; one := 1%R; add := Rplus; mul := Rmult; neg := Ropp; inv := Rinv;
   exp := Rtrigo_def.exp; rmax := Rmax; undef := 0%R;
@@ -13,7 +21,9 @@ Require Import Derivc.All.
   add_neg := Rplus_opp_r; mul_assoc := Rmult_assoc; mul_comm := Rmult_comm;
   mul_one := Rmult_1_r; mul_add := Rmult_plus_distr_l; one_ne_zero := R1_neq_R0;
   mul_inv := Rinv_r; inv_mul_distrib := Rinv_mult; exp_add := exp_plus; exp_zero := exp_0;
-  rmax_assoc := fun a b c => eq_sym (Rmax_assoc a b c); rmax_comm := Rmax_comm
+  le := Rle; le_total := reals_le_total; le_antisym := Rle_antisym; le_trans := Rle_trans;
+  le_add_r := fun a b c E => Rplus_le_compat_r c a b E;
+  rmax_l := fun a b E => Rmax_left a b E; rmax_r := Rmax_right; exp_mono := reals_exp_mono
 |}.
 
 (* in this model -inf is max's unit and exp (-inf) = 0 *)

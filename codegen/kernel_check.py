@@ -1,0 +1,204 @@
+"""The `kernel` step of every build: the printed kernel.cu, run on the CPU, against the spec.
+
+The lowering step checks the kernel IR; this step checks the text the printers made of it.  The
+very source NVRTC compiles is compiled by the host C++ compiler with the instruction wrappers
+replaced by their emulation (codegen.emu: threads as fibers, the wrappers' instructions in
+scalar C++, each checked against the real instruction on the GPU by tests/gpu), and run at the
+derivation's check sizes on several draws of inputs:
+
+- `plain`: standard normal inputs;
+- `large`: inputs ×4 (attention logits ×16: a fold that forgets to rescale, or shifts by the
+  wrong max, is far off), under the reverse fiber order (a missing barrier shows under one
+  order or the other);
+- `wide`: every tiled dynamic size at 4.5 of its largest tile rounded up to a multiple of 8
+  (aligned rows reach the unguarded main loops and the TMA kernels, five tiles wrap every
+  pipeline ring), batch sizes at 1, the seeded random fiber order.
+
+Inputs are rounded to the kernel's input dtypes; the reference is the final program in the
+float64 interpreter on the rounded inputs.  A draw passes when the output is finite where the
+reference is, ‖out − ref‖ / ‖ref‖ ≤ the dtype's tolerance (fp32 1e-5, fp16 2e-3, bf16 1e-2),
+and no element is off by more than 16 tolerances of the largest reference magnitude (a single
+wrong row or tail element does not hide in the norm).  Each draw runs the variant the host
+would pick at its sizes (cp.async or TMA kernel); a variant no draw reached runs once more at
+the check sizes rounded up to multiples of 8.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from compiler.interp import rel_error, run_program
+from compiler.ir import Program
+
+from .mappings import Printed
+
+TOLERANCE = {"f32": 1e-5, "f16": 2e-3, "bf16": 1e-2}
+ELEMENT_FACTOR = 16.0  # an element's error against the tolerance, relative to max |ref|
+KERNEL_SEED_OFFSET = 2000  # the kernel step's seed: base seed + number of steps + this
+
+
+@dataclass(frozen=True)
+class Draw:
+    name: str
+    scale: float
+    order: str  # fiber scheduling order of the emulation
+    wide: bool  # at the wide sizes (below) instead of the check sizes
+
+
+DRAWS = (Draw("plain", 1.0, "forward", False), Draw("large", 4.0, "reverse", False),
+         Draw("wide", 1.0, "random", True))
+
+
+class KernelCheckError(Exception):
+    """The kernel text disagrees with the spec on the CPU (or could not run there)."""
+
+
+def round_to(x: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """(storage array for the kernel, its value in float64) of x rounded to `dtype`."""
+    if dtype == "f32":
+        s = x.astype(np.float32)
+        return s, s.astype(np.float64)
+    if dtype == "f16":
+        s = x.astype(np.float16)
+        return s, s.astype(np.float64)
+    if dtype == "bf16":
+        f = x.astype(np.float32)
+        bits = f.view(np.uint32).astype(np.uint64)
+        rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+        nan = np.isnan(f)
+        rounded[nan] = 0x7FC0
+        return rounded, bf16_value(rounded)
+    raise ValueError(f"no storage for dtype {dtype}")
+
+
+def bf16_value(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+def compare(got: np.ndarray, ref: np.ndarray, dtype: str) -> dict[str, Any]:
+    """The draw's verdict: norm error, worst element, and where the output is not finite."""
+    tol = TOLERANCE[dtype]
+    finite_ref = np.isfinite(ref)
+    bad = ~np.isfinite(got) & finite_ref
+    top = float(np.abs(ref[finite_ref]).max()) if finite_ref.any() else 0.0
+    diff = np.abs(np.where(finite_ref & np.isfinite(got), got - ref, 0.0))
+    worst = int(np.argmax(diff)) if diff.size else 0
+    elem = float(diff.flat[worst]) / top if top else float(diff.flat[worst]) if diff.size else 0.0
+    err = rel_error(got, ref)
+    passed = (not bad.any()) and err <= tol and elem <= ELEMENT_FACTOR * tol
+    record = {"rel_error": err if math.isfinite(err) else "inf", "max_elem_error": elem,
+              "nonfinite": int(bad.sum()), "passed": bool(passed)}
+    if not passed:
+        idx = np.argwhere(bad)[0] if bad.any() else np.unravel_index(worst, ref.shape)
+        record["first_bad_index"] = [int(i) for i in idx]
+        record["got"] = _num(float(got[tuple(idx)]))
+        record["want"] = _num(float(ref[tuple(idx)]))
+    return record
+
+
+def _num(x: float) -> float | str:
+    return x if math.isfinite(x) else str(x)
+
+
+def given_sizes(printed: Printed, sizes: dict[str, int]) -> dict[str, int]:
+    """The dynamic sizes no input's shape determines (passed by name at a call)."""
+    kernel = printed.kernel
+    from_shapes = {a.terms[0][0] for t in kernel.inputs for a in t.dims
+                   if len(a.terms) == 1 and a.terms[0][1] == 1 and not a.const}
+    return {n: sizes[n] for n in kernel.dynamic() if n not in from_shapes}
+
+
+def wide_sizes(printed: Printed, sizes: dict[str, int], tiles: dict[str, int]) -> dict[str, int]:
+    """Sizes that reach what the check sizes do not: every tiled dynamic size at 4.5 tiles of its
+    largest tile rounded up to a multiple of 8 (aligned rows: the unguarded main loops and the
+    TMA kernels; five tiles: every pipeline ring of up to four stages wraps; still a partial last
+    tile), every other dynamic size that an input's shape gives at 1 (batch dims: the cost)."""
+    dyn = set(printed.kernel.dynamic())
+    given = given_sizes(printed, sizes)
+    out = dict(sizes)
+    for n in dyn:
+        if n in tiles:
+            out[n] = -(-(4 * tiles[n] + tiles[n] // 2 + 1) // 8) * 8
+        elif n not in given:
+            out[n] = 1
+    return out
+
+
+def aligned_sizes(printed: Printed, sizes: dict[str, int]) -> dict[str, int]:
+    """The check sizes with every dynamic size rounded up to a multiple of 8 (16-byte rows)."""
+    dyn = set(printed.kernel.dynamic())
+    return {n: (-(-v // 8) * 8 if n in dyn and v > 0 else v) for n, v in sizes.items()}
+
+
+Runner = Callable[..., np.ndarray]
+
+
+def check_kernel_text(printed: Printed, program: Program, sizes: dict[str, int], seed: int,
+                      tiles: dict[str, int] | None = None, runner: Runner | None = None) -> dict[str, Any]:
+    """Run the kernel text on the CPU for every draw, each on the variant the host picks at its
+    sizes, and every variant no draw reached once more at aligned sizes; the step's record.
+    Raises KernelCheckError with a one-line reason on the first failing draw."""
+    from .emu import run_printed
+
+    runner = runner or run_printed
+    plan = [(d, wide_sizes(printed, sizes, tiles or {}) if d.wide else dict(sizes), None) for d in DRAWS]
+    records: list[dict[str, Any]] = []
+    k = 0
+    while k < len(plan):
+        draw, vs, forced = plan[k]
+        records.append(_run_draw(printed, program, draw, vs, seed + k, forced, runner))
+        k += 1
+        if k == len(plan):
+            reached = {r["variant_index"] for r in records}
+            plan += [(Draw("variant", 1.0, "forward", False), aligned_sizes(printed, sizes), v)
+                     for v in range(len(printed.variants)) if v not in reached]
+    return {"draws": records, "passed": True}
+
+
+def _run_draw(printed: Printed, program: Program, draw: Draw, vs: dict[str, int], draw_seed: int,
+              forced: int | None, runner: Runner) -> dict[str, Any]:
+    from .emu import EmuError, VariantUnavailable
+
+    out_t = program.tensor_type(program.output)
+    rng = np.random.default_rng(draw_seed)
+    exact = {}
+    for name, t in program.inputs:
+        shape = tuple(a.evaluate(vs) for a in t.dims)
+        exact[name] = round_to(rng.standard_normal(shape) * draw.scale, t.dtype)[1]
+    ref = run_program(program, vs, exact)[program.output]
+    args = [exact[t.name] for t in printed.kernel.inputs]
+    # the host hook picks a TMA kernel (a later variant) whenever sizes and pointers allow it, and
+    # run_printed refuses a variant the host would not pick: the first one that runs is the host's
+    candidates = [forced] if forced is not None else reversed(range(len(printed.variants)))
+    got, variant, last = None, None, None
+    for v in candidates:
+        stem = printed.variants[v].stem
+        try:
+            got = runner(printed, v, args, given_sizes(printed, vs), order=draw.order, seed=draw_seed)
+            variant = v
+            break
+        except VariantUnavailable as exc:
+            last = exc
+        except (EmuError, ValueError) as exc:
+            raise KernelCheckError(f"{stem}.cu on the CPU, draw {draw.name} at {_sizes(vs)}: {exc}") from None
+    if variant is None:
+        raise KernelCheckError(f"no kernel variant runs at {_sizes(vs)}: {last}")
+    stem = printed.variants[variant].stem
+    verdict = compare(np.asarray(got, dtype=np.float64), ref, out_t.dtype)
+    if not verdict["passed"]:
+        where = ""
+        if "first_bad_index" in verdict:
+            where = f"; {program.output}{verdict['first_bad_index']} = {verdict['got']}, expected {verdict['want']}"
+        raise KernelCheckError(
+            f"{stem}.cu on the CPU disagrees with the spec, draw {draw.name} (seed {draw_seed}) at {_sizes(vs)}: "
+            f"relative error {verdict['rel_error']}, worst element {verdict['max_elem_error']:.3g} of max|ref| "
+            f"(tolerance {TOLERANCE[out_t.dtype]:.0e}){where}")
+    return {"variant": stem, "variant_index": variant, "draw": draw.name, "scale": draw.scale,
+            "order": draw.order, "seed": draw_seed, "sizes": vs, "tolerance": TOLERANCE[out_t.dtype], **verdict}
+
+
+def _sizes(s: dict[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in s.items())

@@ -1,0 +1,121 @@
+"""The mutation suite of the `kernel` step: a semantic change to a template or a printer must make
+`derivc build` fail at the `kernel` step (the printed text run on the CPU against the spec).
+
+Each mutation edits one file of a private copy of the packages (compiler/, codegen/, derivc/)
+and builds one example from that copy in a subprocess; the build must exit 3 with the `kernel`
+step named.  The first ten are the ones a hostile audit on 2026-12-01 slipped past every CPU
+check (issue 15); the rest cover the instructions the emulation stands for (swizzle, pipeline
+depth, mbarrier waits, ldmatrix, descriptors) and the printers (epilogue, grid decode).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("compiler", "codegen", "derivc")
+T = "codegen/templates/"
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    example: str
+    path: str  # relative to the repository root
+    old: str
+    new: str
+    occurrence: int = 1  # which occurrence of `old` is replaced (1-based)
+
+
+MUTATIONS = (
+    # --- the audit's ten
+    Mutation("mma_fold_drops_l_rescale", "flash_attention.yaml", T + "online_fold.cu.j2",
+             "l_r[mi][h] *= alpha;", ""),
+    Mutation("mma_fold_drops_acc_rescale", "flash_attention.yaml", T + "online_fold.cu.j2",
+             "o[mi][dt][2 * h] *= alpha; o[mi][dt][2 * h + 1] *= alpha;", ""),
+    Mutation("wgmma_fold_drops_l_rescale", "flash_attention_wgmma.yaml", T + "online_fold_wgmma.cu.j2",
+             "l_r[h] = l_r[h] * alpha[h] + ls;", "l_r[h] = l_r[h] + ls;"),
+    Mutation("wgmma_fold_drops_acc_rescale", "flash_attention_wgmma.yaml", T + "online_fold_wgmma.cu.j2",
+             "{{ wa.rescale_rows('o', 'alpha', D) | indent(12) }}", ""),
+    Mutation("mask_le_printed_as_lt", "flash_attention.yaml", "codegen/cexpr.py",
+             'return f"({aff_c(c.lhs, names)} {c.op} {aff_c(c.rhs, names)})"',
+             'return f"({aff_c(c.lhs, names)} {\'<\' if c.op == \'<=\' else c.op} {aff_c(c.rhs, names)})"'),
+    Mutation("fold_tail_store_unguarded", "flash_attention.yaml", T + "online_fold.cu.j2",
+             "{%- set rl = (Nq ~ ' - q0') if (guard_q and tail) else None %}", "{%- set rl = None %}"),
+    Mutation("fold_store_row_col_swapped", "flash_attention.yaml", T + "online_fold.cu.j2",
+             "{{ mm.store_pair('gO', ld_o, 'rr', 'cc',", "{{ mm.store_pair('gO', ld_o, 'cc', 'rr',"),
+    Mutation("rowwise_rescale_reversed", "softmax_online.yaml", T + "rowwise.cu.j2",
+             "expf(a == b ? 0.0f : a - b)", "expf(a == b ? 0.0f : b - a)"),
+    Mutation("block_sum_from_half_warp", "layernorm.yaml", T + "rowwise.cu.j2",
+             "for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync", "for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync"),
+    Mutation("wgmma_gemm_column_guard_dropped", "gemm_wgmma.yaml", T + "contraction_wgmma.cu.j2",
+             "if (col + e >= sz_lim_n) break;", ""),
+    # --- instructions and pipelines
+    Mutation("wgmma_descriptor_swizzle_64B", "gemm_wgmma.yaml", T + "constructs/wgmma.cu.j2",
+             "(1ull << 62)", "(2ull << 62)"),
+    # (a swizzle that stays a permutation is a bank-conflict change, not a semantic one: or is not)
+    Mutation("mma_sync_swizzle_not_a_permutation", "gemm.yaml", T + "constructs/common.cu.j2",
+             "(((c / {{ vec }}) ^ (r & 7)))", "(((c / {{ vec }}) | (r & 7)))"),
+    Mutation("cp_async_pipeline_one_stage_short", "gemm.yaml", T + "contraction.cu.j2",
+             "cp_async_wait<{{ stages - 2 }}>();", "cp_async_wait<{{ stages - 1 }}>();"),
+    Mutation("tma_next_k_tile_not_waited", "flash_attention_wgmma.yaml", T + "online_fold_wgmma.cu.j2",
+             "mbar_wait(bar_k + 8 * ns, nph);", ""),
+    Mutation("tma_q_tile_not_waited", "flash_attention_wgmma.yaml", T + "online_fold_wgmma.cu.j2",
+             "mbar_wait(bar_q, 0);", ""),
+    Mutation("ldmatrix_b_not_transposed", "gemm.yaml", T + "contraction.cu.j2",
+             "ldsm_x4_t(bf[", "ldsm_x4(bf["),
+    Mutation("ldmatrix_v_not_transposed", "flash_attention.yaml", T + "online_fold.cu.j2",
+             "ldsm_x4_t(vb[", "ldsm_x4(vb["),
+    Mutation("epilogue_drops_a_term", "gemm_bias_relu.yaml", "codegen/epilogue.py",
+             'return f"({a} {BINARY[e.op]} {b})"', 'return f"({a})" if e.op == "+" else f"({a} {BINARY[e.op]} {b})"'),
+    Mutation("gqa_head_map_wrong", "attention_gqa.yaml", "codegen/grid.py",
+             "x = f\"({x} / (", "x = f\"({x} % ("),
+    Mutation("wgmma_fold_mask_dropped", "attention_strict_causal.yaml", T + "online_fold_wgmma.cu.j2",
+             "{{ mask_keep('row', 'col', '(kv0 / ' ~ BN ~ ')') }} ? sv : neg_inf()", "sv"),
+    Mutation("rowwise_division_unguarded_by_sign", "rmsnorm.yaml", "codegen/mappings/rowwise.py",
+             'return f"div0({a}, {b})"', 'return f"div0({b}, {a})"'),
+)
+
+
+def _copy(dst: Path) -> None:
+    for pkg in PACKAGES:
+        shutil.copytree(ROOT / pkg, dst / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+
+
+def apply(m: Mutation, root: Path) -> None:
+    path = root / m.path
+    text = path.read_text()
+    at = -1
+    for _ in range(m.occurrence):
+        at = text.find(m.old, at + 1)
+        assert at >= 0, f"{m.name}: {m.old!r} not found in {m.path} (the site moved: update the mutation)"
+    path.write_text(text[:at] + m.new + text[at + len(m.old):])
+
+
+@pytest.mark.parametrize("m", MUTATIONS, ids=[m.name for m in MUTATIONS])
+def test_mutation_fails_at_the_kernel_step(m: Mutation, tmp_path: Path) -> None:
+    _copy(tmp_path)
+    apply(m, tmp_path)
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-m", "compiler", "build", str(ROOT / "examples" / m.example),
+                           "-o", str(out), "--no-proofs", "--seed", "7"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    err = proc.stderr.strip()
+    assert proc.returncode == 3, f"{m.name}: the mutated build exited {proc.returncode}: {err[-600:]}"
+    assert "kernel:" in err, f"{m.name}: failed, but not at the kernel step: {err[-600:]}"
+    assert not out.exists()
+
+
+def test_mutations_name_distinct_sites() -> None:
+    sites = {(m.path, m.old, m.occurrence) for m in MUTATIONS}
+    assert len(sites) == len(MUTATIONS)
+    for m in MUTATIONS:
+        assert (ROOT / "examples" / m.example).exists(), m.example
+        assert m.old in (ROOT / m.path).read_text(), f"{m.name}: site not in {m.path}"
