@@ -368,7 +368,6 @@ class PendingCheck:
         self._by = coqc_version()
         self._root = cache_root()
         self._timeout = timeout
-        self._scratch = Path(tempfile.mkdtemp(prefix="derivc-coqc-"))
         self._futures: list[tuple[int, str, str, Future[ObligationResult] | ObligationResult]] = []
         entries = _index(proofs)
         self.jobs = max(1, min(jobs or jobs_for_machine(), len(entries) or 1))
@@ -381,15 +380,17 @@ class PendingCheck:
         misses = [e for e in entries if not (use_cache and cached_pass(self._root, keys[e[2]]))]
         if misses and lib is None:
             lib = library(self._root)
+        # coqc runs on copies: its by-products (.vo, .glob, .aux) never land in the build
+        self._scratch = Path(tempfile.mkdtemp(prefix="derivc-coqc-"))
+        for _, _, f in misses:
+            (self._scratch / f).write_bytes(texts[f])
         self._pool = ThreadPoolExecutor(self.jobs, thread_name_prefix="coqc") if misses else None
         for step, rule, f in entries:
-            if (step, rule, f) not in misses:
+            if self._pool is None or lib is None or (step, rule, f) not in misses:
                 self._futures.append((step, rule, f, ObligationResult(step, rule, f, "passed", cached=True)))
-                continue
-            (self._scratch / f).write_bytes(texts[f])
-            assert self._pool is not None and lib is not None
-            fut = self._pool.submit(self._check_one, step, rule, f, lib.path, keys.get(f))
-            self._futures.append((step, rule, f, fut))
+            else:
+                fut = self._pool.submit(self._check_one, step, rule, f, lib.path, keys.get(f))
+                self._futures.append((step, rule, f, fut))
         self._finished = max(self._finished, time.monotonic())  # moved on by each coqc run that ends later
 
     def _check_one(self, step: int, rule: str, file: str, lib: Path, key: str | None) -> ObligationResult:
