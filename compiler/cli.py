@@ -1,13 +1,14 @@
 """The `derivc` command line.
 
-    derivc build FILE -o DIR [--seed N] [--no-codegen]   derive, check, write DIR atomically
+    derivc build FILE -o DIR [--seed N] [--no-codegen] [--no-proofs] [--verify]
+                                                         derive, check (proofs too, if coqc), write DIR
     derivc explain FILE [--seed N]                       print every step and its program
     derivc verify DIR | replay DIR --step N | run FILE --check | bench
 
 Exit codes (README's table): 0 ok, 1 internal error or command not available here (verify
 without coqc, run / bench without a GPU), 2 invalid input (SpecError, StepInputError, an output
 directory derivc may not replace), 3 derivation failed (DerivationError: precondition, numeric
-check, codegen), 4 verify failed, 130 / 143 interrupted by SIGINT / SIGTERM.
+check, codegen), 4 verify failed or a proof obligation failed, 130 / 143 interrupted by SIGINT / SIGTERM.
 Every error is ONE line on stderr: `derivc: error: <file>: <where>: <reason>`.
 """
 from __future__ import annotations
@@ -17,12 +18,14 @@ import json
 import shutil
 import sys
 import traceback
+from dataclasses import dataclass
 from collections.abc import Callable, Sequence
 from importlib import import_module
 from pathlib import Path
 from typing import Any
 
-from . import __version__
+from . import __version__, proofcheck
+from .proofcheck import ProofCheck
 from .outdir import (
     BUILD_MARKER, OutputRefused, Terminated, atomic_dir, check_replaceable, terminate_raises, write_marker,
 )
@@ -66,7 +69,7 @@ class BuildError(Exception):
 
 
 class ProofCheckError(BuildError):
-    """`build --verify`: coqc rejected an obligation (exit 4) or is not installed (exit 1)."""
+    """coqc rejected an obligation (exit 4), or `build --verify` found no coqc (exit 1)."""
 
     def __init__(self, message: str, exit_code: int):
         super().__init__(message)
@@ -143,13 +146,70 @@ def _optional(module: str) -> Any | None:
         raise
 
 
-def write_outputs(derivation: Any, outdir: Path, *, codegen: bool = True, proofs: bool = True) -> None:
-    """Write every build output into `outdir` (an existing, empty directory)."""
+@dataclass(frozen=True)
+class ProofPolicy:
+    """What a build does about its proof obligations.  `recorded`: the check a build directory
+    records (verify's rebuild writes it back instead of running coqc)."""
+
+    check: bool = True  # run coqc when it is on PATH
+    use_cache: bool = True
+    recorded: ProofCheck | None = None
+
+
+def write_outputs(derivation: Any, outdir: Path, *, codegen: bool = True, proofs: bool = True,
+                  policy: ProofPolicy = ProofPolicy()) -> ProofCheck:
+    """Write every build output into `outdir` (an existing, empty directory).
+
+    The obligations are written first and checked by coqc (`compiler.proofcheck`, in the
+    background) while the kernel is generated and checked; derivation.json and report.md, which
+    record the proof check, come last.  A failing obligation raises ProofCheckError (exit 4)."""
     from .printer import show_program
     from .report import write_report
     from .trace import write_trace
 
     d = derivation
+    obligations = _optional("compiler.obligations") if proofs else None
+    exported = obligations is not None and hasattr(obligations, "write_obligations")
+    if exported:
+        try:
+            obligations.write_obligations(d, outdir / "proofs")
+        except (SpecError, DerivationError):
+            raise
+        except Exception as exc:
+            raise BuildError(f"{d.file}: proof obligations: {_one_line(exc)}") from exc
+    pending = None
+    if policy.recorded is not None:
+        check = policy.recorded
+    elif not proofs:
+        check = proofcheck.not_checked(proofcheck.SKIPPED)
+    elif not exported:
+        check = proofcheck.not_checked("no obligations exported")
+    elif not policy.check or proofcheck.coqc_path() is None:
+        check = proofcheck.not_checked(proofcheck.NO_COQC)
+    else:
+        pending = proofcheck.start_check(outdir / "proofs", use_cache=policy.use_cache)
+    try:
+        _write_program_and_kernel(d, outdir, codegen)
+    except BaseException:
+        if pending is not None:
+            pending.cancel()
+        raise
+    if pending is not None:
+        check = pending.result()
+        if check.failure is not None:
+            raise ProofCheckError(f"{d.file}: {check.failure.failure_line()}", EXIT_VERIFY_FAILED)
+    d.proof_check = check
+    trace = proofcheck.attach(write_trace(d), check)
+    (outdir / "derivation.json").write_text(json.dumps(trace, indent=2, allow_nan=False) + "\n")
+    (outdir / "report.md").write_text(write_report(d))
+    write_marker(outdir, BUILD_MARKER)
+    return check
+
+
+def _write_program_and_kernel(d: Any, outdir: Path, codegen: bool) -> None:
+    """steps/, program.txt and (with codegen) the kernel: lowering, its text on the CPU, NVRTC."""
+    from .printer import show_program
+
     build = _optional("codegen.build") if codegen else None
     kernel = printed = None
     if build is not None:  # `lowering`: the kernel IR vs the final program; `kernel`: its text on the CPU
@@ -164,24 +224,13 @@ def write_outputs(derivation: Any, outdir: Path, *, codegen: bool = True, proofs
                     (outdir / f"{v.stem}.cu").write_text(v.source.source)
                     keep.append(f"{v.stem}.cu")
             raise BuildError(f"{d.file}: codegen: {_one_line(exc)}", keep) from exc
-    (outdir / "derivation.json").write_text(json.dumps(write_trace(d), indent=2, allow_nan=False) + "\n")
     steps = outdir / "steps"
     steps.mkdir()
     width = max(2, len(str(len(d.steps))))
     (steps / f"{0:0{width}d}_spec.txt").write_text(show_program(d.programs[0]))
     for rec, prog in zip(d.steps, d.programs[1:]):
         (steps / f"{rec.index:0{width}d}_{rec.rule}.txt").write_text(show_program(prog))
-    (outdir / "report.md").write_text(write_report(d))
     (outdir / "program.txt").write_text(show_program(d.final))
-
-    obligations = _optional("compiler.obligations") if proofs else None
-    if obligations is not None and hasattr(obligations, "write_obligations"):
-        try:
-            obligations.write_obligations(d, outdir / "proofs")
-        except (SpecError, DerivationError):
-            raise
-        except Exception as exc:
-            raise BuildError(f"{d.file}: proof obligations: {_one_line(exc)}") from exc
     if build is not None:
         try:
             build.emit(d, outdir, kernel, printed)
@@ -191,7 +240,6 @@ def write_outputs(derivation: Any, outdir: Path, *, codegen: bool = True, proofs
             keep = sorted((p.name for p in outdir.iterdir() if p.suffix in (".cu", ".log")),
                           key=lambda n: (not n.endswith(".cu"), n))
             raise BuildError(f"{d.file}: codegen: {_one_line(exc)}", keep) from exc
-    write_marker(outdir, BUILD_MARKER)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -204,18 +252,18 @@ def build_to(file: Path, outdir: Path, *, seed: int | None = None, codegen: bool
              proofs: bool = True, verify: bool = False) -> Any:
     """Derive `file` and write the build directory atomically; returns the Derivation.
 
-    With `verify`, coqc checks the obligations before the directory is moved into place."""
+    coqc checks the obligations (when on PATH, cached per obligation) before the directory is
+    moved into place; `verify` requires coqc and trusts no cache."""
     from .derive import derive
     from .spec import load_spec_file
     from .trace import verify_roundtrip
-    from .verify import check_built_obligations, coqc_available
 
     if outdir.exists() and not outdir.is_dir():
         raise UsageError(f"-o {outdir}: exists and is not a directory")
     check_replaceable(outdir.absolute())  # refuse before deriving, not after
     if verify and not proofs:
         raise UsageError("build: --verify checks the proof obligations: it cannot go with --no-proofs")
-    if verify and not coqc_available():
+    if verify and proofcheck.coqc_path() is None:
         raise ProofCheckError(f"{file}: --verify: coqc not found, nothing built (install Coq 8.16: "
                               "bash proofs_ci/install_coq.sh, or build without --verify)", EXIT_UNAVAILABLE)
     spec = load_spec_file(file)
@@ -224,15 +272,8 @@ def build_to(file: Path, outdir: Path, *, seed: int | None = None, codegen: bool
         verify_roundtrip(d)
     except AssertionError as exc:
         raise DerivationError("trace", f"the derivation does not replay: {exc}", None, str(file)) from None
-
-    def fill(tmp: Path) -> None:
-        write_outputs(d, tmp, codegen=codegen, proofs=proofs)
-        if verify:
-            failure, d.proof_check = check_built_obligations(tmp)
-            if failure:
-                raise ProofCheckError(f"{file}: verify: {failure}", EXIT_VERIFY_FAILED)
-
-    atomic_dir(outdir, fill)
+    policy = ProofPolicy(use_cache=not verify)
+    atomic_dir(outdir, lambda tmp: write_outputs(d, tmp, codegen=codegen, proofs=proofs, policy=policy))
     return d
 
 
@@ -260,8 +301,8 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
             worst = max(r["rel_error"] for r in n["draws"])
             out.line(f"kernel text run on the CPU: {len(n['draws'])} draws over {', '.join(kc['facts']['variants'])}, "
                      f"worst relative error {worst:.1e}")
-    if args.verify:
-        out.line(d.proof_check, style="green")
+    check: ProofCheck = d.proof_check
+    out.line(check.line(), style="green" if check.checked else "yellow")
     out.line(f"wrote {args.output} (final program {d.final.digest()})", style="green")
     return EXIT_OK
 
@@ -372,8 +413,10 @@ def make_parser() -> argparse.ArgumentParser:
     b.add_argument("-o", "--output", required=True, metavar="DIR", help="output directory (replaced atomically)")
     b.add_argument("--seed", type=int, default=None, help="base seed of the numeric checks (step k: seed + k)")
     b.add_argument("--no-codegen", action="store_true", help="skip kernel generation")
-    b.add_argument("--no-proofs", action="store_true", help="skip the per-step proof obligations")
-    b.add_argument("--verify", action="store_true", help="check the obligations with coqc before writing DIR")
+    b.add_argument("--no-proofs", action="store_true",
+                   help="neither export nor check the per-step proof obligations (checked by coqc by default)")
+    b.add_argument("--verify", action="store_true",
+                   help="require coqc and check every obligation anew (no cache) before writing DIR")
     b.set_defaults(func=cmd_build, extras_ok=False)
 
     e = sub.add_parser("explain", help="print every step, its facts and the program after it")

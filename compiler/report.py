@@ -45,7 +45,15 @@ def format_draw(x: dict[str, Any], sizes: dict[str, int]) -> str:
     return f"{what}, seed {x['seed']}: {x['rel_error']:.2g}"
 
 
-def step_markdown(s: StepRecord) -> str:
+def proof_markdown(record: dict[str, Any]) -> str:
+    """A step's proof line (its `proof` in derivation.json)."""
+    if not record.get("checked"):
+        return f"- proof obligation: NOT checked ({record.get('reason', '')})"
+    how = "passed earlier, from the cache" if record["cached"] else f"{record['seconds']:.2f} s"
+    return f"- proof obligation: checked by {record['by']} ({how})"
+
+
+def step_markdown(s: StepRecord, proof: dict[str, Any] | None = None) -> str:
     lines = [f"## Step {s.index}: {s.rule} ({s.kind})", ""]
     lines.append(f"- parameters: {_code(format_params(s.params))}")
     lines.append(f"- theorem: `{s.theorem}`")
@@ -65,6 +73,8 @@ def step_markdown(s: StepRecord) -> str:
         )
     else:
         lines.append("- numeric check: not run")
+    if proof is not None:
+        lines.append(proof_markdown(proof))
     lines.append(f"- program: `{s.before_hash}` → `{s.after_hash}`")
     return "\n".join(lines) + "\n"
 
@@ -109,10 +119,14 @@ def write_report(d: Derivation) -> str:
         out += [f"Numeric checks at {format_sizes(d.check_sizes)}; base seed {seed}, step k uses seed + k "
                 "(its n-th draw seed + k + n·2³²).", ""]
         out += _plan_lines(d)
+    check = getattr(d, "proof_check", None)
+    if check is not None:
+        out += [("Proofs: " + check.line().removeprefix("proofs: ")) if check.checked
+                else f"**Proofs NOT checked** ({check.reason}): the per-step obligations were not run through coqc.", ""]
     if not d.steps:
         out += ["The schedule is empty: the final program is the spec program.", ""]
     for s in d.steps:
-        out.append(step_markdown(s))
+        out.append(step_markdown(s, check.step_record(s.index) if check is not None else None))
     out += ["## Final program", "", f"Digest `{d.final.digest()}`.", "", "```", show_program(d.final).rstrip("\n"), "```", ""]
     low = getattr(d, "lowering", None)
     if low:

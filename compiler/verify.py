@@ -8,8 +8,9 @@
 2. Compare: every file of DIR against its rebuilt twin, byte for byte (NOT_COMPARED lists the
    only exceptions, with the reason).  Every missing, extra or altered file is listed; the
    error line names the first.
-3. Prove: coqc checks every obligation DIR/proofs holds (the proof library is compiled once
-   into a cache); Lean obligations are checked with `lake env lean` when `lake` is on PATH,
+3. Prove: coqc checks every obligation DIR/proofs holds, in parallel, each one anew: verify
+   never takes a pass from the build's proof cache (compiler.proofcheck; only the compiled
+   proof library is reused); Lean obligations are checked with `lake env lean` when `lake` is on PATH,
    otherwise reported as "not checked: no Lean toolchain", never as passed.
 
 Prints the results, writes DIR/proofs/verify.json, exits 0 only if nothing differed and every
@@ -19,17 +20,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import proofcheck
 from .errors import EXIT_OK, EXIT_VERIFY_FAILED, DerivationError, SpecError
 
 EXIT_UNAVAILABLE = 1  # as compiler.cli: a tool this command needs is not installed
@@ -98,7 +97,7 @@ def _load_trace(build: Path) -> dict[str, Any]:
 def rebuild(build: Path, into: Path) -> None:
     """Write into `into` (an empty directory) what `derivc build` writes for DIR's recorded spec."""
     from . import __version__
-    from .cli import BuildError, write_outputs
+    from .cli import BuildError, ProofPolicy, write_outputs
     from .derive import derive
     from .spec import parse_spec_text
 
@@ -115,8 +114,12 @@ def rebuild(build: Path, into: Path) -> None:
     d.spec_text = trace["spec_text"]  # write_trace records it instead of reading spec_file
     steps = trace.get("steps") if isinstance(trace.get("steps"), list) else []
     codegen = (build / "kernel.cu").exists() or any(isinstance(s, dict) and s.get("rule") == "lowering" for s in steps)
+    recorded = proofcheck.from_trace(trace)
+    if recorded is None:
+        raise RebuildError("no readable proof record (proofs / steps[].proof): rebuild it")
     try:
-        write_outputs(d, into, codegen=codegen, proofs=True)
+        write_outputs(d, into, codegen=codegen, proofs=recorded.reason != proofcheck.SKIPPED,
+                      policy=ProofPolicy(recorded=recorded))
     except (SpecError, DerivationError, BuildError) as exc:
         raise RebuildError(f"the recorded spec no longer builds: {' '.join(str(exc).split())}") from None
 
@@ -214,57 +217,9 @@ def spec_origin(build: Path) -> str:
 # --------------------------------------------------------------------------- proof obligations
 
 
-def _library_digest(coq_dir: Path) -> str:
-    h = hashlib.sha256()
-    for p in sorted(coq_dir.rglob("*.v")):
-        if "examples" in p.relative_to(coq_dir).parts:
-            continue
-        h.update(p.relative_to(coq_dir).as_posix().encode())
-        h.update(p.read_bytes())
-    h.update((coq_dir / "_CoqProject").read_bytes())
-    return h.hexdigest()[:16]
-
-
 def coq_library(cache_root: Path | None = None) -> Path:
-    """The compiled library directory (built once per library content, cached)."""
-    from proofs_ci import coqlib
-
-    src = coqlib.COQ_DIR
-    digest = _library_digest(src)
-    root = Path(cache_root or os.environ.get("DERIVC_COQ_CACHE") or Path(tempfile.gettempdir()) / "derivc_coq_cache")
-    lib = root / digest
-    if (lib / "All.vo").exists() and (lib / ".complete").exists():
-        return lib
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{digest}.tmp-", dir=root))
-    try:
-        coqlib.build_library(src, tmp / "coq")
-        (tmp / "coq" / ".complete").write_text("ok\n")
-        try:
-            os.replace(tmp / "coq", lib)
-        except OSError:  # another process won the race
-            if not (lib / ".complete").exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return lib
-
-
-def check_coq(vfile: Path, lib: Path, timeout: float = 600) -> dict[str, Any]:
-    from proofs_ci import coqlib
-
-    t0 = time.monotonic()
-    try:
-        r = coqlib.check_obligation(vfile, lib, timeout=timeout)
-        ok, out = r.returncode == 0, (r.stdout + r.stderr).strip()
-    except subprocess.TimeoutExpired:
-        ok, out = False, f"coqc timed out after {timeout:.0f} s"
-    for aux in vfile.parent.glob(vfile.stem + ".vo*"):
-        aux.unlink(missing_ok=True)
-    for ext in (".glob", ".vos", ".vok"):
-        (vfile.parent / (vfile.stem + ext)).unlink(missing_ok=True)
-    (vfile.parent / f".{vfile.stem}.aux").unlink(missing_ok=True)
-    return {"passed": ok, "seconds": round(time.monotonic() - t0, 2), "output": out[-4000:]}
+    """The compiled library directory (built once per library content and coqc version)."""
+    return proofcheck.library(cache_root).path
 
 
 def check_lean(lfile: Path, timeout: float = 600) -> dict[str, Any]:
@@ -289,27 +244,29 @@ def verify_dir(build: Path, jobs: int | None = None, rel_to: Path | None = None)
     if not proofs.is_dir():
         raise FileNotFoundError(f"{rel_to or build}: no proofs/ directory (was it built by derivc build?)")
     try:
-        index = json.loads(index_path.read_text())["steps"] if index_path.exists() else []
-        by_file = {e["files"]["coq"]: e for e in index}
+        payload = json.loads(index_path.read_text()) if index_path.exists() else {"steps": []}
+        by_file = {e["files"]["coq"]: e for e in payload["steps"]}
+        if payload.get("safety"):  # the final program's safety obligation
+            by_file[payload["safety"]["files"]["coq"]] = {**payload["safety"], "rule": proofcheck.SAFETY}
     except (ValueError, TypeError, KeyError) as exc:
         raise FileNotFoundError(f"{shown / index_path.name}: not the index the build writes ({exc})") from None
     vfiles = sorted(proofs.glob("Step*.v"))
     if not vfiles:
         raise FileNotFoundError(f"{shown}: no obligations (Step*.v)")
-    lib = coq_library()
-    jobs = jobs or max(1, min(len(vfiles), os.cpu_count() or 1))
-    with ThreadPoolExecutor(jobs) as pool:
-        coq = list(pool.map(lambda v: check_coq(v, lib), vfiles))
+    # verify trusts nothing: no cached pass, every obligation checked by coqc again
+    check = proofcheck.check_obligations(proofs, use_cache=False, stop_on_failure=False, jobs=jobs)
+    by_name = {r.file: r for r in check.results}
+    missing = proofcheck.ObligationResult(0, "?", "", "FAILED", error="not in proofs/index.json")
+    coq = [by_name.get(v.name, missing) for v in vfiles]
     rows = []
     for v, c in zip(vfiles, coq):
         e = by_file.get(v.name, {})
         lf = proofs / e.get("files", {}).get("lean", v.with_suffix(".lean").name)
         lean = check_lean(lf) if lf.exists() else {"status": "missing", "passed": False}
         rows.append({
-            "step": e.get("step", v.stem), "rule": e.get("rule", "?"), "kind": e.get("kind", "?"),
+            "step": e.get("step", c.step if c.file else v.stem), "rule": e.get("rule", "?"), "kind": e.get("kind", "?"),
             "theorem": e.get("theorem", "?"), "obligation": e.get("status", "?"),
-            "coq": "passed" if c["passed"] else "FAILED", "coq_seconds": c["seconds"],
-            "coq_output": "" if c["passed"] else c["output"],
+            "coq": c.status, "coq_seconds": c.seconds, "coq_output": c.error,
             "lean": lean["status"], "file": v.name,
         })
     ok = all(r["coq"] == "passed" for r in rows) and all(
@@ -332,36 +289,15 @@ def check_copy(build: Path) -> tuple[list[dict[str, Any]], bool]:
 
 
 def _coq_failure(r: dict[str, Any]) -> str:
-    first = next((ln for ln in r["coq_output"].splitlines() if "Error" in ln), "")
-    return f"step {r['step']} ({r['file']}): coqc failed {first}".rstrip()
+    return f"step {r['step']} ({r['rule']}): proof obligation proofs/{r['file']} failed: {r['coq_output']}"
 
 
 def _lean_summary() -> str:
     return "checked with lake" if shutil.which("lake") else NO_LEAN
 
 
-def check_built_obligations(build: Path) -> tuple[str | None, str]:
-    """`derivc build --verify`: coqc on a freshly written build's obligations.
-
-    Returns (the first failure or None, a one-line summary).  The caller checks
-    `coqc_available()` first."""
-    try:
-        rows, ok = check_copy(build)
-    except FileNotFoundError as exc:
-        return " ".join(str(exc).split()), ""
-    failed = [r for r in rows if r["coq"] != "passed"]
-    if failed:
-        return _coq_failure(failed[0]), ""
-    if not ok:
-        bad = next(r for r in rows if r["lean"] not in ("passed", NO_LEAN))
-        return f"step {bad['step']}: Lean obligation {bad['lean']}", ""
-    return None, f"Coq: {len(rows)}/{len(rows)} obligations passed (coqc); Lean: {_lean_summary()}"
-
-
 def coqc_available() -> bool:
-    from proofs_ci import coqlib
-
-    return coqlib.coqc_available()
+    return proofcheck.coqc_path() is not None
 
 
 # --------------------------------------------------------------------------- the command
@@ -405,7 +341,7 @@ def main(args: Any) -> int:
     proof_error = ""
     try:
         rows, coq_ok = check_copy(build)
-    except (FileNotFoundError, coqlib.CoqError) as exc:
+    except (FileNotFoundError, proofcheck.CoqLibraryError, proofcheck.BadIndex) as exc:
         coq_ok, proof_error = False, " ".join(str(exc).split())
     if rows:
         out.table(["step", "rule", "theorem", "obligation", "Coq", "Lean"],

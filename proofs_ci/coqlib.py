@@ -65,8 +65,13 @@ def check_obligation(vfile: Path | str, lib_dir: Path = COQ_DIR,
                      timeout: float = 300) -> subprocess.CompletedProcess:
     """coqc one obligation file against the compiled library (returncode 0 = proved)."""
     vfile = Path(vfile).resolve()
-    return _coqc(["-R", str(Path(lib_dir).resolve()), LOGICAL_NAME, vfile.name],
-                 vfile.parent, timeout)
+    return subprocess.run(obligation_command(vfile.name, lib_dir), cwd=vfile.parent, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def obligation_command(vfile_name: str, lib_dir: Path = COQ_DIR) -> list[str]:
+    """The coqc command line that checks one obligation file (run in its directory)."""
+    return ["coqc", "-R", str(Path(lib_dir).resolve()), LOGICAL_NAME, vfile_name]
 
 
 def print_assumptions(names: list[str], lib_dir: Path = COQ_DIR,

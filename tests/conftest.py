@@ -66,10 +66,15 @@ GEMM_YAML = gemm_yaml([])
 # --------------------------------------------------------------------------- running the CLI
 
 
-def run_cli(args: list[str]) -> tuple[int, str, str]:
-    """compiler.cli.main(args) → (exit code, stdout, stderr)."""
+def run_cli(args: list[str], proofs: bool = False) -> tuple[int, str, str]:
+    """compiler.cli.main(args) → (exit code, stdout, stderr).  A `build` skips coqc
+    (`--no-proofs` added) unless `proofs` or the arguments ask for the obligations (`--verify`):
+    the proof checks are tested where they are the subject (test_proofs_default.py,
+    test_obligations*.py), the other builds stay fast."""
     from compiler.cli import main
 
+    if "build" in args[:3] and not proofs and not {"--verify", "--no-proofs"} & set(args):
+        args = [*args, "--no-proofs"]
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         rc = main(args)
@@ -214,10 +219,12 @@ def coqc_once_per_obligation(tmp_path_factory):
     text (a corrupted obligation), file name or library (another directory, or one rebuilt:
     All.vo changes) is checked anew.  Results are shared by the xdist workers through files
     written atomically under the run's temporary directory."""
+    import dataclasses
     import hashlib
     import json
     import os
     import subprocess
+    import threading
 
     try:
         from proofs_ci import coqlib
@@ -247,6 +254,30 @@ def coqc_once_per_obligation(tmp_path_factory):
         os.replace(tmp, entry)
         return r
 
+    from compiler import proofcheck
+
+    run = proofcheck.run_coqc
+
+    def run_once(vfile, lib, timeout, stop) -> proofcheck.CoqRun:
+        """The build's and verify's coqc (compiler.proofcheck), served the same way."""
+        vfile, lib = Path(vfile).resolve(), Path(lib).resolve()
+        built = lib / "All.vo"
+        stamp = [built.stat().st_mtime_ns, built.stat().st_size] if built.exists() else None
+        key = hashlib.sha256(json.dumps(["run", vfile.name, vfile.read_text(), str(lib), stamp]).encode()).hexdigest()
+        entry = results / f"{key}.json"
+        if entry.exists():
+            return proofcheck.CoqRun(**json.loads(entry.read_text()))
+        r = run(vfile, lib, timeout, stop)
+        if not r.stopped:  # a stopped run says nothing about the obligation
+            tmp = results / f"{key}.{os.getpid()}.{threading.get_ident()}.tmp"
+            tmp.write_text(json.dumps(dataclasses.asdict(r)))
+            os.replace(tmp, entry)
+        return r
+
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(coqlib, "check_obligation", check_once)
+        mp.setattr(proofcheck, "run_coqc", run_once)
+        # builds of the whole run (in-process and subprocesses) share one proof cache and one
+        # compiled library, never the user's ~/.cache
+        mp.setenv("DERIVC_COQ_CACHE", str(root / "coq-cache"))
         yield

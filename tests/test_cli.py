@@ -155,12 +155,18 @@ def _no_lowering(derivation):
     return None, {}
 
 
+def _fake_codegen(emit) -> types.SimpleNamespace:
+    """codegen.build with every stage before emit a no-op."""
+    return types.SimpleNamespace(prepare=_no_lowering, print_checked=lambda kernel: None,
+                                 check_text=lambda derivation, printed: None, emit=emit)
+
+
 def test_codegen_hook_failure_is_exit_3(spec: Path, tmp_path: Path, monkeypatch):
-    def emit(derivation, outdir, kernel=None):
+    def emit(derivation, outdir, kernel=None, printed=None):
         (Path(outdir) / "kernel.cu").write_text("// partial")
         raise RuntimeError("nvrtc: error: expected a ';'")
 
-    monkeypatch.setitem(sys.modules, "codegen.build", types.SimpleNamespace(prepare=_no_lowering, emit=emit))
+    monkeypatch.setitem(sys.modules, "codegen.build", _fake_codegen(emit))
     out = tmp_path / "out"
     rc, _, stderr = run_cli(["build", str(spec), "-o", str(out)])
     assert rc == 3 and "codegen" in stderr and "expected a ';'" in stderr and "gemm.yaml" in stderr
@@ -171,22 +177,23 @@ def test_codegen_hook_failure_is_exit_3(spec: Path, tmp_path: Path, monkeypatch)
 def test_codegen_and_obligation_hooks_write_into_build(spec: Path, tmp_path: Path, monkeypatch):
     seen = {}
 
-    def emit(derivation, outdir, kernel=None):
+    def emit(derivation, outdir, kernel=None, printed=None):
         seen["codegen"] = derivation.final.digest()
         (Path(outdir) / "kernel.cu").write_text("// kernel")
 
     def write_obligations(derivation, proofs):
         proofs.mkdir()
-        (proofs / "Step00.v").write_text("(* nothing *)")
+        (proofs / "Step00_NONE.v").write_text("(* nothing *)")
+        (proofs / "index.json").write_text('{"steps": [{"step": 0, "rule": "none", "files": {"coq": "Step00_NONE.v"}}]}')
 
-    monkeypatch.setitem(sys.modules, "codegen.build", types.SimpleNamespace(prepare=_no_lowering, emit=emit))
+    monkeypatch.setitem(sys.modules, "codegen.build", _fake_codegen(emit))
     monkeypatch.setitem(sys.modules, "compiler.obligations", types.SimpleNamespace(write_obligations=write_obligations))
     out = tmp_path / "out"
-    assert run_cli(["build", str(spec), "-o", str(out)])[0] == 0
-    assert (out / "kernel.cu").exists() and (out / "proofs" / "Step00.v").exists() and seen
+    assert run_cli(["build", str(spec), "-o", str(out)], proofs=True)[0] == 0
+    assert (out / "kernel.cu").exists() and (out / "proofs" / "Step00_NONE.v").exists() and seen
     # --no-codegen skips the kernel, not the proofs
     out2 = tmp_path / "out2"
-    assert build(spec, out2)[0] == 0
+    assert run_cli(["build", str(spec), "-o", str(out2), "--no-codegen"], proofs=True)[0] == 0
     assert not (out2 / "kernel.cu").exists() and (out2 / "proofs").is_dir()
 
 

@@ -313,7 +313,7 @@ def test_codegen_error_from_emit_is_exit_3(tmp_path: Path, monkeypatch):
     """codegen.build.emit raising CodegenError (e.g. no kernel for the program) is exit 3 with its reason."""
     import codegen.build as cb
 
-    def emit(d, outdir, kernel=None):
+    def emit(d, outdir, kernel=None, printed=None):
         raise cb.CodegenError("the program has no kernel: naive attention is neither a contraction nor a fold")
 
     monkeypatch.setattr(cb, "emit", emit)

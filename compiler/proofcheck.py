@@ -1,0 +1,435 @@
+"""coqc on a build's proof obligations: in parallel, cached per obligation, failing fast.
+
+`derivc build` checks every `proofs/StepNN_<rule>.v` it exports whenever coqc is on PATH
+(`start_check` before codegen, `PendingCheck.result` before the build directory is swapped in);
+`derivc verify` and `build --verify` use the same checker with the cache bypassed.
+
+* Pool: one coqc process per core (`os.sched_getaffinity`), obligations started in step order.
+  With `stop_on_failure`, the first failure kills the running coqc processes and the build
+  reports it at once.
+* Cache: `$DERIVC_COQ_CACHE`, else `$DERIVC_CACHE_DIR/coq`, else `~/.cache/derivc/coq`.  The Coq
+  library (proofs_ci/coq) is compiled once per content and coqc version into `lib-<digest>/`;
+  an obligation that passed is recorded as `passed/<key>.json`, key = sha256 of the obligation
+  text, the library's sources and compiled .vo files, and the coqc version.  Entries are written
+  to a temp file and moved into place (readers never see half a file); only passes are cached.
+  The cache is trusted by `derivc build` only: anyone who can write it can forge a pass.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# Bounds per coqc process, far above what the slowest correct obligation of the examples
+# needs (~30 s of CPU, < 1 GB): they only stop a runaway proof search on a FALSE obligation
+# (conversion unfolding an 8192-column sum took minutes and 14 GB before failing).  CPU time,
+# not wall time, so that a loaded machine does not turn a slow true proof into a failure; the
+# wall-clock limit is a backstop for a coqc that waits on nothing.
+COQC_CPU_LIMIT_S = 300
+COQC_MEMORY_LIMIT_KB = 6 * 1024 * 1024
+COQC_TIMEOUT_S = 1800.0
+CACHE_FORMAT = 1
+NO_COQC = "coqc not found"
+SKIPPED = "--no-proofs"
+OBLIGATION_FILE = re.compile(r"Step[0-9]+_[A-Za-z0-9_]+\.v")
+
+
+class BadIndex(ValueError):
+    """proofs/index.json is not what the build writes (verify trusts nothing in DIR)."""
+
+
+class CoqLibraryError(RuntimeError):
+    """The proof library itself does not compile (a broken installation, not the build's fault)."""
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class ObligationResult:
+    """coqc's verdict on one obligation file."""
+
+    step: int
+    rule: str
+    file: str
+    status: str  # passed | FAILED | not run (a failure elsewhere stopped the check)
+    cached: bool = False
+    seconds: float = 0.0
+    error: str = ""  # coqc's first error line, with its line number
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "passed"
+
+    def record(self, by: str) -> dict[str, Any]:
+        """derivation.json's `proof` of this step (for a build that passed, every step)."""
+        return {"checked": True, "by": by, "cached": self.cached, "seconds": self.seconds}
+
+    def failure_line(self) -> str:
+        return f"step {self.step} ({self.rule}): proof obligation proofs/{self.file} failed: {self.error}"
+
+
+SAFETY = "safety"  # the final program's safety obligation (index.json's `safety`), not a step's
+
+
+@dataclass(frozen=True)
+class ProofCheck:
+    """What a build did about its proof obligations.  `recorded`: derivation.json's record of
+    an earlier check (its `proofs` and each step's `proof`), written back as it was."""
+
+    checked: bool
+    by: str = ""  # "coqc 8.16.1"
+    reason: str = ""  # why not checked
+    results: tuple[ObligationResult, ...] = ()
+    seconds: float = 0.0  # wall time from the start of the check to the end of its last coqc
+    jobs: int = 0
+    recorded: tuple[dict[str, Any], dict[int, dict[str, Any]]] | None = None
+
+    @property
+    def failure(self) -> ObligationResult | None:
+        return next((r for r in self.results if r.status == "FAILED"), None)
+
+    def step_record(self, step: int) -> dict[str, Any]:
+        """derivation.json's `proof` of step `step`."""
+        if self.recorded is not None:
+            return self.recorded[1].get(step, {"checked": False, "reason": "no obligation exported"})
+        if not self.checked:
+            return {"checked": False, "reason": self.reason}
+        r = next((r for r in self.results if r.step == step and r.rule != SAFETY), None)
+        return r.record(self.by) if r is not None else {"checked": False, "reason": "no obligation exported"}
+
+    def summary(self) -> dict[str, Any]:
+        """derivation.json's top-level `proofs`."""
+        if self.recorded is not None:
+            return self.recorded[0]
+        if not self.checked:
+            return {"checked": False, "reason": self.reason}
+        out = {"checked": True, "by": self.by, "obligations": len(self.results),
+               "cached": sum(r.cached for r in self.results), "jobs": self.jobs, "seconds": self.seconds}
+        safety = next((r for r in self.results if r.rule == SAFETY), None)
+        if safety is not None:
+            out["safety"] = safety.record(self.by) | {"file": safety.file}
+        return out
+
+    def line(self) -> str:
+        """The console's and report.md's one line (of a check that passed, or did not run)."""
+        top = self.summary()
+        if not top["checked"]:
+            return f"proofs not checked: {top['reason']}"
+        cached = f", {top['cached']} from the cache" if top["cached"] else ""
+        n = top["obligations"]
+        return f"proofs: {n}/{n} obligations checked by {top['by']}{cached} in {top['seconds']:.1f} s"
+
+
+def not_checked(reason: str) -> ProofCheck:
+    return ProofCheck(checked=False, reason=reason)
+
+
+def from_trace(trace: dict[str, Any]) -> ProofCheck | None:
+    """The check a derivation.json records, to be written back as it is (`derivc verify`'s
+    rebuild: timings and cache hits belong to the build machine, and verify runs coqc itself);
+    None when it records none, or not in the shape the build writes."""
+    top = trace.get("proofs")
+    if not isinstance(top, dict) or not isinstance(top.get("checked"), bool):
+        return None
+    if top["checked"]:
+        shapes = {"by": str, "obligations": int, "cached": int, "seconds": (int, float)}
+        if not all(isinstance(top.get(k), t) for k, t in shapes.items()):
+            return None
+    elif not isinstance(top.get("reason"), str):
+        return None
+    steps = {s["index"]: s["proof"] for s in trace.get("steps") or []
+             if isinstance(s, dict) and isinstance(s.get("index"), int) and isinstance(s.get("proof"), dict)}
+    return ProofCheck(top["checked"], reason=str(top.get("reason", "")), recorded=(top, steps))
+
+
+def attach(trace: dict[str, Any], check: ProofCheck) -> dict[str, Any]:
+    """derivation.json with the proof check recorded: top-level `proofs` and each rule step's
+    `proof` (the codegen steps, lowering and kernel, have no obligation)."""
+    from .trace import CODEGEN_STEPS
+
+    for s in trace.get("steps", []):
+        if isinstance(s, dict) and isinstance(s.get("index"), int) and s.get("rule") not in CODEGEN_STEPS:
+            s["proof"] = check.step_record(s["index"])
+    trace["proofs"] = check.summary()
+    return trace
+
+
+# --------------------------------------------------------------------------- coqc and its library
+
+
+def coqc_path() -> str | None:
+    return shutil.which("coqc")
+
+
+_VERSIONS: dict[str, str] = {}
+
+
+def coqc_version() -> str:
+    """`coqc 8.16.1` (asked once per process and coqc binary)."""
+    path = coqc_path()
+    if path is None:
+        raise FileNotFoundError(NO_COQC)
+    if path not in _VERSIONS:
+        r = subprocess.run([path, "--print-version"], capture_output=True, text=True, timeout=60)
+        _VERSIONS[path] = f"coqc {(r.stdout.split() or ['unknown'])[0]}"
+    return _VERSIONS[path]
+
+
+def cache_root() -> Path:
+    if os.environ.get("DERIVC_COQ_CACHE"):
+        return Path(os.environ["DERIVC_COQ_CACHE"])
+    if os.environ.get("DERIVC_CACHE_DIR"):
+        return Path(os.environ["DERIVC_CACHE_DIR"]) / "coq"
+    return Path.home() / ".cache" / "derivc" / "coq"
+
+
+def _source_digest(coq_dir: Path, version: str) -> str:
+    h = hashlib.sha256(version.encode())
+    for p in sorted(coq_dir.rglob("*.v")):
+        if {"examples", "models"} & set(p.relative_to(coq_dir).parts):
+            continue
+        h.update(p.relative_to(coq_dir).as_posix().encode() + b"\0")
+        h.update(p.read_bytes())
+    h.update((coq_dir / "_CoqProject").read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _compiled_digest(lib: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(lib.rglob("*.vo")):
+        h.update(p.relative_to(lib).as_posix().encode() + b"\0")
+        h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class CoqLibrary:
+    path: Path  # pass as `-R <path> Derivc`
+    digest: str  # sha256 over the sources, the compiled .vo files and the coqc version
+
+
+def library(root: Path | None = None) -> CoqLibrary:
+    """The compiled proof library: compiled once per content and coqc version (under `root`,
+    default `cache_root()`), reused by every later build and process."""
+    from proofs_ci import coqlib
+
+    version = coqc_version()
+    src = _source_digest(coqlib.COQ_DIR, version)
+    root = Path(root or cache_root())
+    lib = root / f"lib-{src}"
+    done = lib / ".complete"
+    if not done.is_file():
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".lib-{src}.tmp-", dir=root))
+        try:
+            try:
+                coqlib.build_library(coqlib.COQ_DIR, tmp / "coq")
+            except coqlib.CoqError as exc:
+                raise CoqLibraryError(f"the proof library does not compile: {str(exc).splitlines()[0]}") from None
+            (tmp / "coq" / ".complete").write_text(_compiled_digest(tmp / "coq") + "\n")
+            try:
+                os.replace(tmp / "coq", lib)
+            except OSError:  # another process won the race
+                if not done.is_file():
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return CoqLibrary(lib, hashlib.sha256(f"{src}:{done.read_text().strip()}:{version}".encode()).hexdigest())
+
+
+def obligation_key(text: bytes, lib: CoqLibrary) -> str:
+    return hashlib.sha256(json.dumps({"format": CACHE_FORMAT, "library": lib.digest}).encode() + b"\0" + text).hexdigest()
+
+
+def _entry(root: Path, key: str) -> Path:
+    return root / "passed" / f"{key}.json"
+
+
+def cached_pass(root: Path, key: str) -> bool:
+    try:
+        return json.loads(_entry(root, key).read_text()).get("key") == key
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def store_pass(root: Path, key: str, file: str, seconds: float) -> None:
+    """Record a pass atomically; a cache that cannot be written is no error."""
+    directory = root / "passed"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{key[:16]}.", suffix=".tmp", dir=directory)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump({"key": key, "file": file, "seconds": seconds}, f)
+            os.replace(tmp, _entry(root, key))
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError:
+        pass
+
+
+@dataclass(frozen=True)
+class CoqRun:
+    returncode: int  # -1: killed (timeout or stopped)
+    output: str
+    seconds: float
+    stopped: bool = False
+
+
+def run_coqc(vfile: Path, lib: Path, timeout: float, stop: threading.Event) -> CoqRun:
+    """coqc on one obligation file (in its directory), killed when `stop` is set or after
+    `timeout` seconds."""
+    from proofs_ci import coqlib
+
+    t0 = time.monotonic()
+    limited = ["sh", "-c", 'ulimit -t "$1" && ulimit -v "$2" && shift 2 && exec "$@"', "coqc-limited",
+               str(COQC_CPU_LIMIT_S), str(COQC_MEMORY_LIMIT_KB), *coqlib.obligation_command(vfile.name, lib)]
+    p = subprocess.Popen(limited, cwd=vfile.parent, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    while True:
+        try:
+            out, _ = p.communicate(timeout=0.05)
+            if p.returncode in (-signal.SIGXCPU, -signal.SIGKILL, 128 + signal.SIGXCPU, 128 + signal.SIGKILL):
+                out = f"coqc stopped after {COQC_CPU_LIMIT_S} s of CPU time (a runaway proof search)\n" + out
+            elif "out of memory" in out.lower():
+                out = f"coqc ran out of its {COQC_MEMORY_LIMIT_KB // 1024 ** 2} GB of memory (a runaway proof search)\n" + out
+            return CoqRun(p.returncode, out, round(time.monotonic() - t0, 2))
+        except subprocess.TimeoutExpired:
+            late = time.monotonic() - t0 > timeout
+            if late or stop.is_set():
+                p.kill()
+                out, _ = p.communicate()
+                note = f"coqc timed out after {timeout:.0f} s\n" if late else ""
+                return CoqRun(-1, note + out, round(time.monotonic() - t0, 2), stopped=not late)
+
+
+def first_error(output: str) -> str:
+    """coqc's error as one line: `line N: Error: …` (or its last line when it names none)."""
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    if lines and lines[0].startswith(("coqc timed out", "coqc stopped after", "coqc ran out")):
+        return lines[0]
+    for k, ln in enumerate(lines):
+        if ln.startswith("Error"):
+            where = next((w for w in reversed(lines[:k]) if w.startswith("File ")), "")
+            line_no = where.split("line ", 1)[1].split(",", 1)[0] if "line " in where else ""
+            rest = " ".join(lines[k:k + 2]) if ln.rstrip().endswith(":") and k + 1 < len(lines) else ln
+            return (f"line {line_no}: " if line_no else "") + rest[:300]
+    return (lines[-1] if lines else "coqc failed without a message")[:300]
+
+
+# --------------------------------------------------------------------------- the checker
+
+
+def _index(proofs: Path) -> list[tuple[int, str, str]]:
+    """(step, rule, .v file) of every obligation of a proofs/ directory, in step order, the
+    final program's safety obligation (if any) last."""
+    try:
+        index = json.loads((proofs / "index.json").read_text())
+        entries = sorted((int(e["step"]), str(e["rule"]), str(e["files"]["coq"])) for e in index["steps"])
+        if index.get("safety") is not None:  # about the final program: checked last
+            safety = str(index["safety"]["files"]["coq"])
+            entries.append((int(safety[4:].split("_", 1)[0]), SAFETY, safety))
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise BadIndex(f"{proofs / 'index.json'}: not the index the build writes ({exc})") from None
+    bad = next((f for _, _, f in entries if not OBLIGATION_FILE.fullmatch(f)), None)
+    if bad is not None:
+        raise BadIndex(f"{proofs / 'index.json'}: {bad!r} is not an obligation file name (StepNN_RULE.v)")
+    return entries
+
+
+def jobs_for_machine() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+class PendingCheck:
+    """A proof check running in the background (coqc processes in a thread pool)."""
+
+    def __init__(self, proofs: Path, *, use_cache: bool, stop_on_failure: bool, jobs: int | None,
+                 timeout: float) -> None:
+        self._t0 = self._finished = time.monotonic()
+        self._stop = threading.Event()
+        self._stop_on_failure = stop_on_failure
+        self._by = coqc_version()
+        self._root = cache_root()
+        self._timeout = timeout
+        self._futures: list[tuple[int, str, str, Future[ObligationResult] | ObligationResult]] = []
+        entries = _index(proofs)
+        self.jobs = max(1, min(jobs or jobs_for_machine(), len(entries) or 1))
+        texts = {f: (proofs / f).read_bytes() for _, _, f in entries}
+        lib: CoqLibrary | None = None
+        keys: dict[str, str] = {}
+        if use_cache:  # the compiled library's digest is part of every key
+            lib = library(self._root)
+            keys = {f: obligation_key(t, lib) for f, t in texts.items()}
+        misses = [e for e in entries if not (use_cache and cached_pass(self._root, keys[e[2]]))]
+        if misses and lib is None:
+            lib = library(self._root)
+        # coqc runs on copies: its by-products (.vo, .glob, .aux) never land in the build
+        self._scratch = Path(tempfile.mkdtemp(prefix="derivc-coqc-"))
+        for _, _, f in misses:
+            (self._scratch / f).write_bytes(texts[f])
+        self._pool = ThreadPoolExecutor(self.jobs, thread_name_prefix="coqc") if misses else None
+        for step, rule, f in entries:
+            if self._pool is None or lib is None or (step, rule, f) not in misses:
+                self._futures.append((step, rule, f, ObligationResult(step, rule, f, "passed", cached=True)))
+            else:
+                fut = self._pool.submit(self._check_one, step, rule, f, lib.path, keys.get(f))
+                self._futures.append((step, rule, f, fut))
+        self._finished = max(self._finished, time.monotonic())  # moved on by each coqc run that ends later
+
+    def _check_one(self, step: int, rule: str, file: str, lib: Path, key: str | None) -> ObligationResult:
+        if self._stop.is_set():
+            return ObligationResult(step, rule, file, "not run")
+        r = run_coqc(self._scratch / file, lib, self._timeout, self._stop)
+        self._finished = max(self._finished, time.monotonic())
+        if r.stopped:
+            return ObligationResult(step, rule, file, "not run", seconds=r.seconds)
+        if r.returncode == 0:
+            if key is not None:
+                store_pass(self._root, key, file, r.seconds)
+            return ObligationResult(step, rule, file, "passed", seconds=r.seconds)
+        if self._stop_on_failure:
+            self._stop.set()
+        return ObligationResult(step, rule, file, "FAILED", seconds=r.seconds, error=first_error(r.output))
+
+    def cancel(self) -> None:
+        """Stop every coqc process (the build failed elsewhere)."""
+        self._stop.set()
+        self.result()
+
+    def result(self) -> ProofCheck:
+        try:
+            results = tuple(f.result() if isinstance(f, Future) else f for _, _, _, f in self._futures)
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+            shutil.rmtree(self._scratch, ignore_errors=True)
+        # the check's own time (start to the last coqc's end), not the codegen it ran beside
+        return ProofCheck(True, self._by, "", results, round(self._finished - self._t0, 2), self.jobs)
+
+
+def start_check(proofs: Path, *, use_cache: bool = True, stop_on_failure: bool = True, jobs: int | None = None,
+                timeout: float = COQC_TIMEOUT_S) -> PendingCheck:
+    """Start checking every obligation of `proofs` (a directory with index.json); the caller
+    checks `coqc_path()` first."""
+    return PendingCheck(proofs, use_cache=use_cache, stop_on_failure=stop_on_failure, jobs=jobs, timeout=timeout)
+
+
+def check_obligations(proofs: Path, **kw: Any) -> ProofCheck:
+    return start_check(proofs, **kw).result()
