@@ -50,6 +50,12 @@ def test_example_kernel_compiles_and_keeps_promises(example: Path, builds, tmp_p
     out = builds(example)
     plan = json.loads((out / "plan.json").read_text())["plan"] or {"mma": None}
     assert (out / "kernel.cu").read_text().count("__global__") == 1
+    # the kernel step ran every variant's text on the CPU, every draw within tolerance
+    kern = json.loads((out / "derivation.json").read_text())["steps"][-1]
+    assert kern["rule"] == "kernel" and kern["numeric"]["passed"]
+    variants = {d["variant"] for d in kern["numeric"]["draws"]}
+    assert variants == {p.stem for p in out.glob("kernel*.cu")}, variants
+    assert all(d["passed"] for d in kern["numeric"]["draws"])
     if not nvrtc_available():
         pytest.skip("NVRTC not installed")
     for stem in ("kernel", "kernel_tma"):

@@ -1,7 +1,8 @@
 """Differential testing, CPU part: generated specs and schedules (tests/specgen.py) through the
 whole build — derivation checks, lowering to the kernel IR and its validation, the mapping the
-schedule asks for, NVRTC and the SASS promises.  The GPU part (tests/gpu/test_differential_gpu.py)
-runs the same cases against the float64 reference."""
+schedule asks for, the kernel text run on the CPU (the `kernel` step), NVRTC and the SASS
+promises.  The GPU part (tests/gpu/test_differential_gpu.py) runs the same cases against the
+float64 reference."""
 from __future__ import annotations
 
 import json
@@ -27,8 +28,13 @@ def test_generated_case_builds_with_the_expected_mapping(case, tmp_path):
     plan = json.loads((out / "plan.json").read_text())
     assert plan["mapping"] == case.mapping
     trace = json.loads((out / "derivation.json").read_text())
-    low = trace["steps"][-1]
+    low, kern = trace["steps"][-2:]
     assert low["rule"] == "lowering" and low["numeric"]["passed"] and low["numeric"]["rel_error"] <= 1e-12
+    # the kernel text itself ran on the CPU: every draw passed, every variant was reached
+    assert kern["rule"] == "kernel" and kern["numeric"]["passed"], kern
+    draws = kern["numeric"]["draws"]
+    assert {d["draw"] for d in draws} >= {"plain", "large", "wide"} and all(d["passed"] for d in draws)
+    assert {d["variant"] for d in draws} == {v["stem"] for v in plan["variants"]}
     assert (out / "kir.txt").exists() and (out / "kernel.cu").exists()
 
 
