@@ -339,7 +339,8 @@ def _index(proofs: Path) -> list[tuple[int, str, str]]:
     try:
         index = json.loads((proofs / "index.json").read_text())
         entries = sorted((int(e["step"]), str(e["rule"]), str(e["files"]["coq"])) for e in index["steps"])
-        if index.get("safety") is not None:  # about the final program: checked last
+        # about the final program: checked last; no file when no site is covered (only listed)
+        if index.get("safety") is not None and index["safety"]["files"]:
             safety = str(index["safety"]["files"]["coq"])
             entries.append((int(safety[4:].split("_", 1)[0]), SAFETY, safety))
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:

@@ -246,7 +246,7 @@ def verify_dir(build: Path, jobs: int | None = None, rel_to: Path | None = None)
     try:
         payload = json.loads(index_path.read_text()) if index_path.exists() else {"steps": []}
         by_file = {e["files"]["coq"]: e for e in payload["steps"]}
-        if payload.get("safety"):  # the final program's safety obligation
+        if payload.get("safety") and payload["safety"]["files"]:  # the final program's safety obligation (none: only listed)
             by_file[payload["safety"]["files"]["coq"]] = {**payload["safety"], "rule": proofcheck.SAFETY}
     except (ValueError, TypeError, KeyError) as exc:
         raise FileNotFoundError(f"{shown / index_path.name}: not the index the build writes ({exc})") from None
