@@ -37,8 +37,8 @@ from compiler.interp import rel_error, run_program
 from compiler.ir import Program
 
 from .mappings import Printed
+from .run_cmd import TOLERANCE  # the GPU check's tolerances by output dtype: one table
 
-TOLERANCE = {"f32": 1e-5, "f16": 2e-3, "bf16": 1e-2}
 ELEMENT_FACTOR = 16.0  # an element's error against the tolerance, relative to max |ref|
 KERNEL_SEED_OFFSET = 2000  # the kernel step's seed: base seed + number of steps + this
 
@@ -59,28 +59,6 @@ class KernelCheckError(Exception):
     """The kernel text disagrees with the spec on the CPU (or could not run there)."""
 
 
-def round_to(x: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
-    """(storage array for the kernel, its value in float64) of x rounded to `dtype`."""
-    if dtype == "f32":
-        s = x.astype(np.float32)
-        return s, s.astype(np.float64)
-    if dtype == "f16":
-        s = x.astype(np.float16)
-        return s, s.astype(np.float64)
-    if dtype == "bf16":
-        f = x.astype(np.float32)
-        bits = f.view(np.uint32).astype(np.uint64)
-        rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-        nan = np.isnan(f)
-        rounded[nan] = 0x7FC0
-        return rounded, bf16_value(rounded)
-    raise ValueError(f"no storage for dtype {dtype}")
-
-
-def bf16_value(bits: np.ndarray) -> np.ndarray:
-    return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-
-
 def compare(got: np.ndarray, ref: np.ndarray, dtype: str) -> dict[str, Any]:
     """The draw's verdict: norm error, worst element, and where the output is not finite."""
     tol = TOLERANCE[dtype]
@@ -89,7 +67,7 @@ def compare(got: np.ndarray, ref: np.ndarray, dtype: str) -> dict[str, Any]:
     top = float(np.abs(ref[finite_ref]).max()) if finite_ref.any() else 0.0
     diff = np.abs(np.where(finite_ref & np.isfinite(got), got - ref, 0.0))
     worst = int(np.argmax(diff)) if diff.size else 0
-    elem = float(diff.flat[worst]) / top if top else float(diff.flat[worst]) if diff.size else 0.0
+    elem = (float(diff.flat[worst]) if diff.size else 0.0) / (top or 1.0)
     err = rel_error(got, ref)
     passed = (not bad.any()) and err <= tol and elem <= ELEMENT_FACTOR * tol
     record = {"rel_error": err if math.isfinite(err) else "inf", "max_elem_error": elem,
@@ -165,14 +143,16 @@ def check_kernel_text(printed: Printed, program: Program, sizes: dict[str, int],
 
 def _run_draw(printed: Printed, program: Program, draw: Draw, vs: dict[str, int], draw_seed: int,
               forced: int | None, runner: Runner) -> dict[str, Any]:
-    from .emu import EmuError, VariantUnavailable
+    from .emu import EmuError, VariantUnavailable, from_storage, to_storage
 
     out_t = program.tensor_type(program.output)
     rng = np.random.default_rng(draw_seed)
     exact = {}
     for name, t in program.inputs:
         shape = tuple(a.evaluate(vs) for a in t.dims)
-        exact[name] = round_to(rng.standard_normal(shape) * draw.scale, t.dtype)[1]
+        # the inputs' values once rounded to their dtype: what the kernel reads, in float64
+        exact[name] = from_storage(to_storage(rng.standard_normal(shape) * draw.scale, t.dtype),
+                                   t.dtype).astype(np.float64)
     ref = run_program(program, vs, exact)[program.output]
     args = [exact[t.name] for t in printed.kernel.inputs]
     # the host hook picks a TMA kernel (a later variant) whenever sizes and pointers allow it, and
