@@ -17,15 +17,13 @@ _SWIZZLE_128B, _L2_PROMO_256B = 3, 3
 
 @dataclass(frozen=True)
 class TiledMap:
-    """dims and box innermost first (dim 0 has stride 1); strides_elems: element strides of dims 1..;
-    strided: the strides came from a strided view (not derived from dims)."""
+    """dims and box innermost first (dim 0 has stride 1); strides_elems: element strides of dims 1.."""
 
     dtype: str
     ptr: int
     dims: tuple[int, ...]
     box: tuple[int, ...]
     strides_elems: tuple[int, ...]
-    strided: bool
 
 
 Encoder = Callable[[TiledMap], bytes]
@@ -49,7 +47,7 @@ def tiled_map(dtype: str, ptr: int, dims: list[int], box: list[int],
         bad = [s * eb for s in strides if (s * eb) % 16 or s * eb >= 2**40]
         if bad:
             raise ValueError(f"TMA strides must be multiples of 16 bytes below 2^40, got {bad} (dims {dims})")
-    return TiledMap(dtype, ptr, tuple(dims), tuple(box), tuple(strides), strides_elems is not None)
+    return TiledMap(dtype, ptr, tuple(dims), tuple(box), tuple(strides))
 
 
 @lru_cache(maxsize=None)
@@ -82,5 +80,4 @@ def encode_driver(m: TiledMap) -> bytes:
 def encode_emulated(m: TiledMap) -> bytes:
     """The same map in the CPU emulation's layout (codegen.emu.tensor_map)."""
     from codegen.emu.tensor_map import encode_tiled_emulated
-    return encode_tiled_emulated(m.dtype, m.ptr, list(m.dims), list(m.box),
-                                 list(m.strides_elems) if m.strided else None, "128B")
+    return encode_tiled_emulated(m.dtype, m.ptr, list(m.dims), list(m.box), list(m.strides_elems), "128B")
