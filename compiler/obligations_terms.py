@@ -59,6 +59,7 @@ _COQ_HEADS = {"ltb": "Nat.ltb", "leb": "Nat.leb", "min": "Nat.min", "natmod": "N
 _LEAN_HEADS = {
     "zero": "KAlg.zero", "one": "KAlg.one", "ninf": "Ext.ninf", "Fin": "Ext.fin", "add": "KAlg.add",
     "mul": "KAlg.mul", "max": "emax", "exp": "KAlg.exp", "neg": "KAlg.neg", "inv": "KAlg.inv",
+    "log": "KAlg.log", "gt": "KAlg.gt",
     "ltb": "Nat.blt", "leb": "Nat.ble", "andb": "and", "min": "Nat.min", "natmod": "Nat.mod", "pair": "Prod.mk",
     "fst": "Prod.fst", "snd": "Prod.snd", "mkOState": "OState.mk", "st_m": "OState.st_m",
     "st_l": "OState.st_l", "st_acc": "OState.st_acc",
@@ -375,6 +376,8 @@ class Exporter:
             return self.read(e, env), self.read_type(e, env)
         if isinstance(e, Bin):
             (a, ta), (b, tb) = self.texpr(e.a, env), self.texpr(e.b, env)
+            if e.op == "+" and EXT in (ta, tb) and FIN in (ta, tb):  # M + log L with M maybe -inf
+                return (A("eadd", a, b) if ta == EXT else A("eadd", b, a)), EXT
             if e.op == "max":
                 return A("max", self.lift(a, ta, EXT), self.lift(b, tb, EXT)), EXT
             if e.op == "rescale":
@@ -394,8 +397,8 @@ class Exporter:
             if e.op == "exp":
                 x, tx = self.texpr(e.a, env)
                 return (A("eexp", x) if tx == EXT else A("exp", x)), FIN
-            if e.op == "neg":
-                return A("neg", self._fin(e.a, env)), FIN
+            if e.op in ("neg", "log"):  # fields of the algebra
+                return A(e.op, self._fin(e.a, env)), FIN
             if e.op in UNARY_FUNCTIONS:
                 name = "f_" + san(e.op)
                 self.funs[name] = "fun"

@@ -431,6 +431,9 @@ class KAlgLog (R : Type) [KAlg R] where
 section LogDerived
 variable {R : Type} [KAlg R] [KAlgLog R]
 
+/-- `KAlg.log`: the obligations' spelling of the class KAlgLog's log (Coq: `log`) -/
+abbrev KAlg.log (a : R) : R := KAlgLog.log a
+
 /-- exp (- log a) = 1 / a for a > 0 -/
 theorem exp_neg_log (a : R) (ha : rlt KAlg.zero a) :
     KAlg.exp (KAlg.neg (KAlgLog.log a)) = KAlg.inv a := by
