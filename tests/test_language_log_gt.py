@@ -1,10 +1,10 @@
 """The language's `log(e)` and step `gt(a, b)` through every consumer: the parser and the printer,
 the reference and kernel-IR interpreters (log 0 = -inf, log of a negative = NaN, gt of a NaN or a
 tie = 0), the Coq / Lean export (the algebra's fields `log` and `gt`; gt of a value that may be
--inf is refused by name), and builds on the row-wise, SIMT and wgmma-epilogue printers, each
-checked on the CPU by the kernel step.  The specs compare values that tie in every draw
-(`gt(X[r, c], X[r, 0])` at c = 0, `gt(M[r], X[r, k])` at the row's maximum), so a printer that
-writes `>=` for gt fails its kernel step; so does one that prints log as log2."""
+-inf is refused by name), and builds on the row-wise, SIMT and GEMM-epilogue (wgmma, mma.sync)
+printers, each checked on the CPU by the kernel step.  The specs compare values that tie in every
+draw (`gt(X[r, c], X[r, 0])` at c = 0, `gt(M[r], X[r, k])` at the row's maximum), so a printer
+that writes `>=` for gt fails its kernel step; so does one that prints log as log2."""
 from __future__ import annotations
 
 import math
@@ -158,7 +158,8 @@ _WGMMA = [{"rule": "tile", "def": "C", "index": "i", "size": 128}, {"rule": "til
           {"rule": "cache", "def": "C", "accumulator": "ko", "level": "register", "dtype": "f32"},
           {"rule": "map_mma", "def": "C", "index": "ki", "instr": "wgmma"}]
 # the ReLU backward dZ = (dY · W) * [Z > 0] as a wgmma GEMM epilogue, and a variant whose step
-# compares with column 0 of Z (a tie in every row)
+# compares with column 0 of Z (a tie in every row); the ReLU backward on mma.sync too (the same
+# epilogue printer)
 RELU_BWD = _doc(
     "gemm_relu_bwd", ["C[i, j] = sum(k: A[i, k] * B[k, j]) * gt(Z[i, j], 0)"],
     {"A": (["M", "K"], "f16"), "B": (["K", "N"], "f16"), "Z": (["M", "N"], "f16")},
@@ -167,12 +168,22 @@ RELU_BWD = _doc(
 RELU_BWD_TIES = {**RELU_BWD, "name": "gemm_gt_ties",
                  "statements": ["C[i, j] = sum(k: A[i, k] * B[k, j]) * (gt(Z[i, j], Z[i, 0]) + log(Z[i, j] * Z[i, j] + 2))"]}
 
+_MMA_SYNC = [*_WGMMA[:4],
+             {"rule": "cache", "def": "C", "tensor": "A", "at": "ko", "over": ["ii", "ki"], "level": "shared", "stages": 3},
+             {"rule": "cache", "def": "C", "tensor": "B", "at": "ko", "over": ["ki", "ji"], "level": "shared", "stages": 3},
+             *_WGMMA[6:8],
+             {"rule": "parallel", "def": "C", "index": "ii", "to": "warp", "count": 2},
+             {"rule": "parallel", "def": "C", "index": "ji", "to": "warp", "count": 4},
+             _WGMMA[9], {**_WGMMA[10], "instr": "mma_sync"}]
+RELU_BWD_MMA = {**RELU_BWD, "name": "gemm_relu_bwd_mma", "schedule": _MMA_SYNC}
+
 BUILDS = {  # spec -> (printer named in the kernel's first line, text the kernel must contain)
     "log_softmax": (LOG_SOFTMAX, "(rowwise:", "logf("),
     "row_lse": (ROW_LSE, "(SIMT", "> ("),
     "simt_log_gt": (SIMT, "(SIMT", "logf("),
     "gemm_relu_bwd": (RELU_BWD, "wgmma", "> (0.0f) ? 1.0f : 0.0f"),
     "gemm_gt_ties": (RELU_BWD_TIES, "wgmma", "logf("),
+    "gemm_relu_bwd_mma": (RELU_BWD_MMA, "mma", "> (0.0f) ? 1.0f : 0.0f"),
 }
 
 

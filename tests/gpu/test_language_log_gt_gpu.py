@@ -1,8 +1,8 @@
-"""log(e) and gt(a, b) on the GPU: the specs of tests/test_language_log_gt.py (row log-softmax on the
-row-wise mapping, a row log-sum-exp and an element-wise kernel on SIMT, the ReLU backward and a
-tie-every-row step as wgmma GEMM epilogues) against the float64 interpreter, at their check sizes
-and at larger ones with tails.  The tie specs (gt(M, X) at the row max, gt(X, X[r, 0]) at column
-0, gt(Z, Z[i, 0])) tell `>` from `>=`; logf from __logf shows in fp32 outputs."""
+"""log(e) and gt(a, b) on the GPU: the specs of tests/test_language_log_gt.py (row log-softmax on
+the row-wise mapping, a row log-sum-exp and an element-wise kernel on SIMT, the ReLU backward on
+wgmma and mma.sync and a tie-every-row step as GEMM epilogues) against the float64 interpreter, at
+their check sizes and at larger ones with tails.  The tie specs (gt(M, X) at the row max,
+gt(X, X[r, 0]) at column 0, gt(Z, Z[i, 0])) tell `>` from `>=`."""
 from __future__ import annotations
 
 import importlib.util
@@ -33,6 +33,7 @@ SIZES = {  # extra sizes beyond the check sizes: tails and many rows / tiles
     "row_lse": [{"R": 1}, {"R": 1000}],
     "simt_log_gt": [{"R": 5}, {"R": 513}],
     "gemm_relu_bwd": [{"M": 128, "N": 256, "K": 64}, {"M": 1000, "N": 1030, "K": 200}],
+    "gemm_relu_bwd_mma": [{"M": 128, "N": 256, "K": 64}, {"M": 1000, "N": 1030, "K": 200}],
     "gemm_gt_ties": [{"M": 300, "N": 520, "K": 136}],
 }
 
@@ -49,7 +50,7 @@ def test_log_gt_kernels_on_the_gpu(tmp_path, name):
     d = build_to(path, tmp_path / name, proofs=False, seed=1)
     kernel = derivc.load(tmp_path / name)
     assert json.loads((tmp_path / name / "plan.json").read_text())["mapping"]
-    for k, sizes in enumerate([doc["check_sizes"], *SIZES[name]]):
+    for k, sizes in enumerate([doc["check_sizes"], *SIZES.get(name, [])]):
         r = check_kernel(kernel, d.programs[0], sizes, seed=k + 1)
         assert not r["nan"] and r["passed"], r
     if name == "log_softmax":  # large logits: the max shift keeps exp finite
