@@ -2,10 +2,10 @@
 
 The proof semantics keeps −∞ out of the ring R: everything max-like (the constant −∞, `max`,
 max reductions, selects with a −∞ branch, tensors / buffers / fold state holding such values)
-is an extended value `ext R` (Fin r | NInf), on which there is no ring arithmetic.  The step
-`gt(a, b)` and `rescale` are finite whatever their operands.  This
-module assigns each IR name and expression its type; compiler/obligations_terms.py exports
-accordingly (lifting R to X with `Fin`, `exp (a - b)` on extended values as `expd a b`).
+is an extended value `ext R` (Fin r | NInf), on which there is no ring arithmetic; `rescale` and
+the step `gt(a, b)` are finite whatever their operands.  This module assigns each IR name and
+expression its type; compiler/obligations_terms.py exports accordingly (lifting R to X with `Fin`,
+`exp (a - b)` on extended values as `expd a b`).
 """
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ TOKEN = re.compile(r"\s*(?:(\d+\.\d*(?:[eE][-+]?\d+)?|\d+(?:[eE][-+]?\d+)?)|([A-
 
 
 FUNCTIONS = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf")
-BINARY_FUNCTIONS = ("max", "gt")  # f(a, b); max(v: e) is a reduction
+BINARY_CALLS = ("max", "gt")  # f(a, b) in a statement (max(v: e) is a reduction; rescale is derivc's own)
 COMPARISONS = ("<", "<=", ">", ">=", "==")
 
 
@@ -233,7 +233,7 @@ class _Parser:
             a = self.expr()
             self.take(")")
             return PCall(fn, a)
-        if fn in BINARY_FUNCTIONS:
+        if fn in BINARY_CALLS:
             a = self.expr()
             self.take(",")
             b = self.expr()

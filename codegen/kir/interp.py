@@ -17,7 +17,9 @@ from typing import Mapping
 import numpy as np
 
 from compiler.interp import UNARY, random_inputs, rel_error, run_program, step_gt
-from compiler.ir import BINARY_OPERATORS, UNARY_FUNCTIONS, Aff, Bin, Cond, Const, Expr, Ext, IndexValue, Program, Read, Reduce, Select, Un
+from compiler.ir import (
+    BINARY_OPERATORS, UNARY_FUNCTIONS, Aff, Bin, Cond, Const, Expr, Ext, IndexValue, Program, Read, Reduce, Select, Un,
+)
 
 from .ir import Compute, Kernel, Stage, Stmt, TileLoop
 

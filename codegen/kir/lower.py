@@ -21,8 +21,8 @@ from __future__ import annotations
 import re
 
 from compiler.ir import (
-    BINARY_OPERATORS, UNARY_FUNCTIONS, AccFact, Aff, Bin, Binding, Const, Def, Expr, Ext, Fold, IndexValue, Let, Program, Read,
-    Reduce, Select, Softmax, Un, walk,
+    BINARY_OPERATORS, UNARY_FUNCTIONS, AccFact, Aff, Bin, Binding, Const, Def, Expr, Ext, Fold, IndexValue, Let,
+    Program, Read, Reduce, Select, Softmax, Un, walk,
 )
 from compiler.printer import show_expr
 
