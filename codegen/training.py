@@ -60,6 +60,8 @@ class Training:
         make = _cuda_runner if device == "cuda" else _emu_runner
         self._forward = make(self.forward_build)
         self._backward = tuple(make(b) for b in builds)
+        # per backward kernel, the dynamic sizes no input's shape gives (passed by name, e.g. a window W)
+        self._by_name = tuple(tuple(given_sizes(b.printed, dict.fromkeys(b.printed.kernel.dynamic(), 0))) for b in builds)
         self._geometries: dict[tuple, Any] = {}
 
     def _digest(self) -> str:
@@ -115,10 +117,10 @@ class Training:
             raise ValueError(f"seed {m.seed}: shape {tuple(seed.shape)}, expected {geo.out_shape} (the shape of {m.of})")
         env = {n: saved[n] for n in (*self.inputs, *m.saved)}
         env[m.seed] = seed
-        for entry, build, run in zip(m.kernels, self.backward_builds, self._backward):
+        for entry, build, run, by_name in zip(m.kernels, self.backward_builds, self._backward, self._by_name):
             args = [env[n] for n in build.inputs]
             out = _allocate(seed, entry, build, geo.sizes) if self.device == "cuda" else None
-            env[entry.output] = run(*args, out=out, **given_sizes(build.printed, geo.sizes))
+            env[entry.output] = run(*args, out=out, **{n: geo.sizes[n] for n in by_name})
         return {x: env[g] for x, g in m.grads}
 
     # -- torch ----------------------------------------------------------------------------

@@ -9,7 +9,6 @@ manifest order and gives None for the inputs not in wrt.
 """
 from __future__ import annotations
 
-import inspect
 from typing import TYPE_CHECKING, Any, Callable
 
 from compiler.machine import DTYPES
@@ -26,9 +25,10 @@ def register_training_op(t: "Training") -> Callable[..., Any]:
 
     for b in (t.forward_build, *t.backward_builds):
         k = b.printed.kernel
-        if given_sizes(b.printed, {n: 0 for n in k.dynamic()}):
-            raise ValueError(f"{b.out_dir}: a size no input's shape gives ({', '.join(given_sizes(b.printed, {n: 0 for n in k.dynamic()}))}) "
-                             "cannot be passed to the torch op; use Training.forward / backward")
+        by_name = given_sizes(b.printed, {n: 0 for n in k.dynamic()})
+        if by_name:
+            raise ValueError(f"{b.out_dir}: size {', '.join(by_name)} is given by name (no input's shape gives it): "
+                             "the torch op cannot take it; use Training.forward / backward")
     m = t.manifest
     forward = _kernel_op(torch, f"derivc::{t.name}", t.forward_build, t._forward)
     backward_ops = tuple(_kernel_op(torch, f"derivc::{t.name}__{e.name}", b, run)
@@ -47,8 +47,7 @@ def register_training_op(t: "Training") -> Callable[..., Any]:
         for entry, build, op in zip(m.kernels, t.backward_builds, backward_ops):
             env[entry.output] = op(*(env[n] for n in build.inputs))
         grads = dict(m.grads)
-        out = tuple(env[grads[x]] if x in grads else None for x in t.inputs)
-        return out[0] if n_inputs == 1 else out
+        return tuple(env[grads[x]] if x in grads else None for x in t.inputs)
 
     forward.register_autograd(backward, setup_context=setup_context)
     return forward
@@ -61,8 +60,7 @@ def _kernel_op(torch: Any, qualname: str, build: LoadedBuild, run: Callable[...,
     fixed = kernel.fixed()
     out = kernel.output
     out_dtype = getattr(torch, DTYPES[out.dtype].torch)
-    params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=torch.Tensor) for n in names]
-    signature = inspect.Signature(params, return_annotation=torch.Tensor)
+    schema = f"({', '.join(f'Tensor {n}' for n in names)}) -> Tensor"
 
     def impl(*xs: Any) -> Any:
         return run(*xs)
@@ -75,8 +73,6 @@ def _kernel_op(torch: Any, qualname: str, build: LoadedBuild, run: Callable[...,
                     sizes.setdefault(a.terms[0][0], n)
         return xs[0].new_empty(tuple(a.evaluate(sizes) for a in out.dims), dtype=out_dtype)
 
-    impl.__signature__ = signature  # type: ignore[attr-defined]
-    fake.__signature__ = signature  # type: ignore[attr-defined]
-    op = torch.library.custom_op(qualname, impl, mutates_args=(), device_types="cuda")
+    op = torch.library.custom_op(qualname, impl, mutates_args=(), device_types="cuda", schema=schema)
     op.register_fake(fake)
     return op

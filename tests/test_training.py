@@ -57,6 +57,19 @@ def test_emu_forward_and_backward_match_float64(built):
     assert np.array_equal(t.forward(X=x), y)
 
 
+def test_emu_f16_build_gradient_within_the_f16_tolerance(tmp_path):
+    """Inputs, output and gradient in f16, the row term D in f32: dtypes as the manifest says."""
+    t = load(trainkit.build_softmax_training(tmp_path, "f16"))
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal((7, trainkit.C)) * 2).astype(np.float16)
+    dy = rng.standard_normal((7, trainkit.C)).astype(np.float16)
+    y, saved = t.forward_with_saved(X=x)
+    g = t.backward(saved, dy)["X"]
+    assert g.dtype == np.float16 and g.shape == x.shape
+    ref = trainkit.softmax_grad_fd(x, dy, "f16")
+    assert np.linalg.norm(g - ref) / np.linalg.norm(ref) < 2e-3
+
+
 def test_names_and_shapes_checked_at_a_call(built):
     t = load(built)
     x = np.zeros((2, trainkit.C), np.float32)
