@@ -34,6 +34,7 @@ from typing import Any, Callable
 import numpy as np
 
 from compiler.interp import rel_error, run_program
+from compiler.kernel_view import kernel_view
 from compiler.ir import Program
 
 from .mappings import Printed
@@ -153,6 +154,12 @@ def _run_draw(printed: Printed, program: Program, draw: Draw, vs: dict[str, int]
         # the inputs' values once rounded to their dtype: what the kernel reads, in float64
         exact[name] = from_storage(to_storage(rng.standard_normal(shape) * draw.scale, t.dtype),
                                    t.dtype).astype(np.float64)
+    if any(d.computed_by for d in program.defs):  # written by another step, stored in its dtype
+        tensors = run_program(program, vs, exact)
+        for d in program.defs:
+            if d.computed_by:
+                exact[d.name] = from_storage(to_storage(tensors[d.name], d.type.dtype), d.type.dtype).astype(np.float64)
+        program = kernel_view(program)
     ref = run_program(program, vs, exact)[program.output]
     args = [exact[t.name] for t in printed.kernel.inputs]
     # the host hook picks a TMA kernel (a later variant) whenever sizes and pointers allow it, and

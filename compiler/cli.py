@@ -268,12 +268,30 @@ def build_to(file: Path, outdir: Path, *, seed: int | None = None, codegen: bool
                               "bash proofs_ci/install_coq.sh, or build without --verify)", EXIT_UNAVAILABLE)
     spec = load_spec_file(file)
     d = derive(spec, str(file), seed=seed)
-    try:
-        verify_roundtrip(d)
-    except AssertionError as exc:
-        raise DerivationError("trace", f"the derivation does not replay: {exc}", None, str(file)) from None
+    backward = None
+    if spec.grad is not None:
+        from .derive_grad import derive_gradient
+
+        backward = derive_gradient(spec, str(file), seed=d.seed)
+        d.backward = backward
+    for one in [d] + (backward.kernels if backward else []):
+        try:
+            verify_roundtrip(one)
+        except AssertionError as exc:
+            raise DerivationError("trace", f"the derivation does not replay: {exc}", None, str(file)) from None
     policy = ProofPolicy(use_cache=not verify)
-    atomic_dir(outdir, lambda tmp: write_outputs(d, tmp, codegen=codegen, proofs=proofs, policy=policy))
+
+    def write(tmp: Path) -> None:
+        write_outputs(d, tmp, codegen=codegen, proofs=proofs, policy=policy)
+        if backward is None:
+            return
+        for k in backward.kernels:
+            sub = tmp / "grad" / k.grad_kernel
+            sub.mkdir(parents=True)
+            write_outputs(k, sub, codegen=codegen, proofs=proofs, policy=policy)
+        (tmp / "grad.json").write_text(json.dumps(backward.manifest(), indent=2, allow_nan=False) + "\n")
+
+    atomic_dir(outdir, write)
     return d
 
 
@@ -303,6 +321,17 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
                      f"worst relative error {worst:.1e}")
     check: ProofCheck = d.proof_check
     out.line(check.line(), style="green" if check.checked else "yellow")
+    backward = getattr(d, "backward", None)
+    if backward is not None:
+        g = backward.record
+        err = g.get("numeric", {}).get("rel_error")
+        out.line(f"GRAD: d{backward.gradient.of}/d({', '.join(backward.decl.wrt)}) derived, validated numerically "
+                 f"(finite differences, worst relative error {err:.1e}); not proved")
+        for k in backward.kernels:
+            kc = getattr(k, "kernel_check", None)
+            ran = "" if not kc or kc["numeric"].get("skipped") else \
+                f", run on the CPU (worst {max(r['rel_error'] for r in kc['numeric']['draws']):.1e})"
+            out.line(f"backward kernel {k.grad_kernel}: {len(k.steps)} steps{ran}; {k.proof_check.line()}")
     out.line(f"wrote {args.output} (final program {d.final.digest()})", style="green")
     return EXIT_OK
 

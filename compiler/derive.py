@@ -28,7 +28,7 @@ from .lower_spec import lower_spec
 from .printer import show_def, show_expr, show_program
 from .rules import RULES
 from .rules.base import Rule, StepParams
-from .spec import SpecFile
+from .spec import ScheduleStep, SpecFile
 
 TOLERANCE = 1e-12
 
@@ -176,18 +176,20 @@ def _check_draw(rule: str, ir0: Program, new: Program, plan: DrawPlan, draw: Dra
     shown = ", ".join(f"{n}={v}" for n, v in draw.sizes.items())
     try:
         draw, tensors, score = reference(ir0, draw, plan.degree)
-        ref = tensors[ir0.output]
     except Exception as exc:  # noqa: BLE001 - the spec program itself cannot be evaluated
         raise DerivationError(rule, f"numeric check: the spec program fails at sizes {shown}: {_exc_text(exc)}") from None
     seed = draw.seed
     what = draw.kind if draw.kind != "large" else f"large (inputs x {draw.scale:.4g})"
-    if not np.all(np.isfinite(ref)):
-        raise DerivationError(
-            rule, f"numeric check: the spec program gives non-finite values at sizes {shown} ({what} draw, seed {seed})")
+    outputs = checked_outputs(ir0)
+    for name in outputs:
+        if not np.all(np.isfinite(tensors[name])):
+            raise DerivationError(
+                rule, f"numeric check: the spec program gives non-finite values of {name} at sizes {shown} "
+                      f"({what} draw, seed {seed})")
     inputs = {name: tensors[name] for name, _ in ir0.inputs}
     try:
         with np.errstate(all="ignore"):  # an overflow of the new program shows in its output
-            out = run_program(new, draw.sizes, inputs)[new.output]
+            got = run_program(new, draw.sizes, inputs)
     except (MemoryError, KeyboardInterrupt):
         raise
     except Exception as exc:  # noqa: BLE001 - an ill-formed rewritten program
@@ -195,13 +197,24 @@ def _check_draw(rule: str, ir0: Program, new: Program, plan: DrawPlan, draw: Dra
             rule, f"numeric check failed: the rewritten program fails at sizes {shown} ({what} draw, seed {seed}): "
             f"{_exc_text(exc)}"
         ) from None
-    err = rel_error(out, ref)
-    if not err <= TOLERANCE:
-        bad = int(np.sum(~np.isfinite(out))) if out.shape == ref.shape else 0
-        why = (f"{bad} NaN / inf values where the spec is finite" if bad
-               else f"relative error {err:.3g} > {TOLERANCE:g}")
-        raise DerivationError(rule, f"numeric check failed: {why} at sizes {shown} ({what} draw, seed {seed})")
+    err = 0.0
+    for name in outputs:
+        out, ref = got.get(name, np.full((), np.nan)), tensors[name]
+        e = rel_error(out, ref)
+        if not e <= TOLERANCE:
+            bad = int(np.sum(~np.isfinite(out))) if out.shape == ref.shape else 0
+            why = (f"{bad} NaN / inf values where the spec is finite" if bad
+                   else f"relative error {e:.3g} > {TOLERANCE:g}")
+            of = f" of {name}" if len(outputs) > 1 else ""
+            raise DerivationError(rule, f"numeric check failed: {why}{of} at sizes {shown} ({what} draw, seed {seed})")
+        err = max(err, e)
     return draw.record(err, plan.sizes, score, plan.masked_rows_of(draw))
+
+
+def checked_outputs(prog: Program) -> tuple[str, ...]:
+    """The tensors a step must preserve: the output, and a gradient program's other gradients."""
+    also = dict(prog.facts).get("grad_outputs", "")
+    return (prog.output,) + tuple(n for n in also.split(",") if n and n != prog.output)
 
 
 def _exc_text(exc: BaseException) -> str:
@@ -228,11 +241,11 @@ def _plan(rule: str, ir0: Program, sizes: dict[str, int], base: int, tiled: froz
 Applied = tuple[Rule, StepParams, dict[str, Any], Program]
 
 
-def _prepass(ir0: Program, spec: SpecFile, n: int) -> list[Applied]:
+def _prepass(ir0: Program, schedule: list[ScheduleStep], n: int) -> list[Applied]:
     """Each step applied without numeric checks; stops quietly at the first failure."""
     applied: list[Applied] = []
     prog = ir0
-    for k, step in enumerate(spec.schedule[:n], start=1):
+    for k, step in enumerate(schedule[:n], start=1):
         try:
             applied.append(apply_step(prog, k, step.rule, step.params()))
         except Exception:  # noqa: BLE001 - reported by the real pass, at its step
@@ -254,13 +267,28 @@ def derive(
         ir0 = lower_spec(spec)
     except SpecError as exc:
         raise exc.in_file(file) from None
-    n = len(spec.schedule) if upto is None else max(0, min(upto, len(spec.schedule)))
+    return derive_program(spec, ir0, spec.schedule, file, seed=seed, check=check, upto=upto)
+
+
+def derive_program(
+    spec: SpecFile,
+    ir0: Program,
+    schedule: list[ScheduleStep],
+    file: str = "",
+    *,
+    seed: int | None = None,
+    check: bool = True,
+    upto: int | None = None,
+) -> Derivation:
+    """Apply `schedule` to the program `ir0` (the spec's, or a kernel of its gradient), checking
+    every step against ir0."""
+    n = len(schedule) if upto is None else max(0, min(upto, len(schedule)))
     base = seed if seed is not None else secrets.randbits(31)
     # The check sizes depend on the programs the steps apply to: apply them first, and reuse
     # those applications below (a rewrite is a function of the program and the parameters).
-    applied = _prepass(ir0, spec, n) if check else []
+    applied = _prepass(ir0, schedule, n) if check else []
     before = [ir0] + [a[3] for a in applied]
-    step_params = [s.params() for s in spec.schedule[:n]]
+    step_params = [s.params() for s in schedule[:n]]
     try:
         sizes = choose_check_sizes(spec, ir0, before, step_params) if check else {}
     except SpecError as exc:
@@ -270,7 +298,7 @@ def derive(
     programs = [ir0]
     records: list[StepRecord] = []
     prog = ir0
-    for k, step in enumerate(spec.schedule[:n], start=1):
+    for k, step in enumerate(schedule[:n], start=1):
         raw = step.params()
         if k <= len(applied):
             rule, params, facts, new = applied[k - 1]

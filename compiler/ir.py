@@ -325,6 +325,9 @@ class Def:
     body: Expr
     guard: tuple[Cond, ...] = ()
     level: str = "global"
+    # "" : computed by this program's kernel; otherwise the build step that writes the tensor
+    # ("forward", "kernel LSE"): the definition still gives its meaning, the kernel reads it.
+    computed_by: str = ""
 
 
 @dataclass(frozen=True)
@@ -346,6 +349,9 @@ class Program:
             if d.name == name:
                 return d
         raise KeyError(name)
+
+    def computed_here(self) -> tuple[Def, ...]:
+        return tuple(d for d in self.defs if not d.computed_by)
 
     def has_def(self, name: str) -> bool:
         return any(d.name == name for d in self.defs)

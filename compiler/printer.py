@@ -83,6 +83,8 @@ def show_binding(b: Binding, indent: int = 0) -> str:
 def show_def(d: Def) -> str:
     dims = ", ".join(str(a) for a in d.type.dims)
     head = f"def {d.name}[{dims}] : {d.type.dtype} @{d.level}"
+    if d.computed_by:
+        head += f" (read from {d.computed_by})"
     loops = ", ".join(
         f"{lp.var} < {lp.ext}" + (f" @{lp.mapping}" if lp.mapping else "") for lp in d.loops
     )

@@ -49,6 +49,28 @@ class ScheduleStep(BaseModel):
         return dict(self.model_extra or {})
 
 
+class GradKernelDecl(BaseModel):
+    """One kernel of the backward: the gradient program read at `output`, scheduled."""
+
+    model_config = ConfigDict(extra="forbid")
+    output: str
+    schedule: list[ScheduleStep] = []
+
+
+class GradDecl(BaseModel):
+    """`grad:` — the gradients of the output `of` with respect to the inputs `wrt`; the seed
+    adjoint (`seed`, default d<of>) is an input of the backward.  `schedule` rewrites the whole
+    gradient program; `kernels` are built in order, a tensor one of them writes being read by
+    the later ones."""
+
+    model_config = ConfigDict(extra="forbid")
+    of: str
+    wrt: list[str] = Field(min_length=1)
+    seed: str | None = None
+    schedule: list[ScheduleStep] = []
+    kernels: list[GradKernelDecl] = Field(min_length=1)
+
+
 class SpecFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -60,6 +82,7 @@ class SpecFile(BaseModel):
     output: OutputDecl
     schedule: list[ScheduleStep] = []
     check_sizes: dict[str, int] = {}
+    grad: GradDecl | None = None
 
     @field_validator("statements", mode="before")
     @classmethod
@@ -158,11 +181,11 @@ def _check_raw(raw: dict[str, Any]) -> None:
                                 f"unknown size {k!r}{did_you_mean(k, sizes)} (declared: {', '.join(map(str, sizes))})")
 
 
-_FIELDS_OF = {(): "SpecFile", ("inputs",): "TensorDecl", ("output",): "OutputDecl"}
+_FIELDS_OF = {(): "SpecFile", ("inputs",): "TensorDecl", ("output",): "OutputDecl", ("grad",): "GradDecl"}
 
 
 def _unknown_field_hint(loc: tuple[Any, ...]) -> str:
-    models = {"SpecFile": SpecFile, "TensorDecl": TensorDecl, "OutputDecl": OutputDecl}
+    models = {"SpecFile": SpecFile, "TensorDecl": TensorDecl, "OutputDecl": OutputDecl, "GradDecl": GradDecl}
     parent = () if len(loc) == 1 else (loc[0],)
     model = models.get(_FIELDS_OF.get(parent, ""))
     if model is None:

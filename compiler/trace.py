@@ -84,6 +84,7 @@ def write_trace(d: Derivation) -> dict[str, Any]:
         "steps": [s.to_json() for s in d.steps] + codegen_steps(d),
         "final_digest": d.final.digest(),
         "output": d.final.output,
+        **({"grad_kernel": d.grad_trace} if getattr(d, "grad_trace", None) else {}),
     }
 
 
@@ -101,7 +102,12 @@ def replay_programs(
     """
     file = trace.get("spec_file", "") or ""
     try:
-        prog = lower_spec(spec)
+        if trace.get("grad_kernel"):  # a backward kernel: GRAD, grad.schedule, cut at its output
+            from .derive_grad import kernel_program
+
+            prog = kernel_program(spec, trace["grad_kernel"]["kernel"], file)
+        else:
+            prog = lower_spec(spec)
     except SpecError as exc:
         raise exc.in_file(file) from None
     if strict and trace.get("spec_digest") not in (None, prog.digest()):

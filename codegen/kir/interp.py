@@ -281,6 +281,7 @@ def validate(k: Kernel, program: Program, sizes: Mapping[str, int], seed: int) -
     """Kernel IR vs the final program on fresh random inputs: {sizes, seed, rel_error}."""
     rng = np.random.default_rng(seed)
     inputs = random_inputs(program, sizes, rng)
-    ref = run_program(program, sizes, inputs)[program.output]
-    got = run_kernel(k, sizes, inputs)
+    tensors = run_program(program, sizes, inputs)  # with the tensors other steps write
+    ref = tensors[program.output]
+    got = run_kernel(k, sizes, tensors)
     return {"sizes": dict(sizes), "seed": seed, "rel_error": rel_error(got, ref)}

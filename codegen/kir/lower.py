@@ -24,6 +24,7 @@ from compiler.ir import (
     UNARY_FUNCTIONS, AccFact, Aff, Bin, Binding, Const, Def, Expr, Ext, Fold, IndexValue, Let, Program, Read,
     Reduce, Select, Softmax, Un, walk,
 )
+from compiler.kernel_view import kernel_view
 from compiler.printer import show_expr
 
 from .ir import Buffer, Compute, GridDim, Kernel, LaneDim, Stage, State, Stmt, Store, TensorArg, TileLoop
@@ -191,7 +192,9 @@ def fixed_extent(x: Ext, prog: Program) -> int | None:
 
 
 def lower(prog: Program, name: str) -> Kernel:
-    """The kernel IR of a final program; `LoweringError` naming the construct it cannot translate."""
+    """The kernel IR of a final program; `LoweringError` naming the construct it cannot translate.
+    Tensors another build step writes (`computed_by`) are arguments, like the inputs."""
+    prog = kernel_view(prog)
     if len(prog.defs) != 1:
         raise LoweringError(
             f"the program has {len(prog.defs)} definitions ({', '.join(d.name for d in prog.defs)}); "

@@ -75,8 +75,10 @@ class CacheRow(Rule):
     def check(self, prog: Program, p: CacheRowParams) -> Facts:
         d = self.get_def(prog, p.def_)
         t = p.tensor
-        if t not in prog.input_map():
-            known = [n for n, _ in prog.inputs]
+        # an input, or a tensor another build step writes (the forward's output in a backward)
+        written_elsewhere = [x.name for x in prog.defs if x.computed_by]
+        if t not in prog.input_map() and t not in written_elsewhere:
+            known = [n for n, _ in prog.inputs] + written_elsewhere
             raise self.unknown(f"parameter tensor: {t!r} is not an input{did_you_mean(t, known)} (inputs: {', '.join(known)})")
         reads = [x for x in walk(d.body) if isinstance(x, Read) and x.tensor == t]
         if len(reads) < 2:
@@ -91,7 +93,7 @@ class CacheRow(Rule):
             stray = a.names() - loops - {n for n, _ in prog.sizes}
             if stray or a.names() & inner:
                 raise self.fail(f"the row index {a} of {t} uses {sorted(stray or a.names() & inner)}, not loops of {p.def_}")
-        dim = prog.input_map()[t].dims[-1]
+        dim = prog.tensor_type(t).dims[-1]
         n = const_aff(prog, dim)
         if n is None:
             raise self.fail(f"the last dimension {dim} of {t} is dynamic; a cached row needs a fixed size")

@@ -1,0 +1,172 @@
+"""The backward of a spec with `grad:`: GRAD, the gradient program's schedule, then its kernels.
+
+    IR₀ (the spec) --GRAD--> G₀ (gradient program) --grad.schedule--> G --cut at dV--> K₀ --dV's schedule--> K
+
+1. GRAD (compiler/grad.py) differentiates IR₀; it is validated numerically against central
+   finite differences of IR₀ (compiler/grad_check.py), not proved.
+2. `grad.schedule` rewrites G₀ like any schedule; every step is checked on all the gradients at
+   once (the program's `grad_outputs` fact).
+3. Each kernel is G read at one tensor: the definitions that tensor needs, where a tensor written
+   by the forward build (its output) or by an earlier kernel is marked `computed_by` that step —
+   the definition still gives the values every numeric check uses, and the kernel reads it.
+   The kernel's own schedule is then derived from that program like a forward schedule.
+"""
+from __future__ import annotations
+
+import secrets
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Any, Iterator
+
+from .checksizes import choose_check_sizes
+from .derive import Derivation, derive_program, json_safe
+from .draws import plan_draws
+from .errors import DerivationError, SpecError, did_you_mean
+from .grad import RULE, Gradient, differentiate
+from .grad_check import TOLERANCE, check_gradient
+from .ir import Program, tensors_read
+from .kernel_view import kernel_inputs
+from .lower_spec import lower_spec
+from .spec import GradDecl, SpecFile
+
+FORWARD = "forward"
+
+
+@dataclass
+class GradDerivation:
+    spec: SpecFile
+    file: str
+    gradient: Gradient  # GRAD's program G₀
+    record: dict[str, Any]  # GRAD as recorded (the numeric validation)
+    shared: Derivation  # grad.schedule on G₀
+    kernels: list[Derivation]  # one per grad.kernels entry, in order
+
+    @property
+    def decl(self) -> GradDecl:
+        assert self.spec.grad is not None
+        return self.spec.grad
+
+    def manifest(self) -> dict[str, Any]:
+        """grad.json: what the runtime needs to run the backward (build/README contract)."""
+        kernels, saved = [], []
+        for k in self.kernels:
+            prog = k.final
+            reads = kernel_inputs(prog)
+            for d in prog.defs:
+                if d.computed_by == FORWARD and d.name in reads and d.name not in saved:
+                    saved.append(d.name)
+            out = prog.tensor_type(prog.output)
+            kernels.append({"name": prog.output, "dir": f"grad/{prog.output}", "inputs": reads,
+                            "output": prog.output, "dtype": out.dtype, "shape": [str(a) for a in out.dims]})
+        return {"of": self.gradient.of, "seed": self.gradient.seed, "wrt": [x for x, _ in self.gradient.grads],
+                "grads": dict(self.gradient.grads), "saved": saved, "kernels": kernels,
+                "grad": json_safe(self.record)}
+
+
+def gradient_program(spec: SpecFile, file: str = "") -> tuple[Program, Gradient]:
+    """IR₀ and GRAD's program (no checks)."""
+    decl = spec.grad
+    assert decl is not None
+    try:
+        ir0 = lower_spec(spec)
+    except SpecError as exc:
+        raise exc.in_file(file) from None
+    seed = decl.seed or f"d{decl.of}"
+    try:
+        return ir0, differentiate(ir0, decl.of, decl.wrt, seed)
+    except DerivationError as exc:
+        raise exc.at(0, file) from None
+
+
+def cut_kernel(prog: Program, output: str, available: dict[str, str], file: str = "", where: str = "") -> Program:
+    """G read at `output`: the definitions it needs, those in `available` marked as read from
+    the step that writes them."""
+    names = [d.name for d in prog.defs]
+    if output not in names:
+        raise SpecError(where, f"{output!r} is not a tensor of the gradient program{did_you_mean(output, names)} "
+                               f"(defined: {', '.join(names)})", file)
+    if output in available:
+        raise SpecError(where, f"{output} is already written by the {available[output]}", file)
+    live = {output}
+    for d in reversed(prog.defs):
+        if d.name in live:
+            live |= tensors_read(d.body)
+    defs = tuple(replace(d, computed_by=available.get(d.name, "")) for d in prog.defs if d.name in live)
+    return replace(prog, defs=defs, output=output, facts=())
+
+
+def derive_gradient(spec: SpecFile, file: str = "", *, seed: int | None = None, check: bool = True) -> GradDerivation:
+    decl = spec.grad
+    assert decl is not None
+    base = seed if seed is not None else secrets.randbits(31)
+    ir0, gradient = gradient_program(spec, file)
+    record: dict[str, Any] = {"rule": RULE, "kind": "GRAD", "of": gradient.of, "wrt": list(decl.wrt),
+                              "seed_tensor": gradient.seed, "grads": dict(gradient.grads),
+                              "theorem": None, "validated": "numerically",
+                              "after_hash": gradient.program.digest()}
+    if check:
+        sizes = choose_check_sizes(spec, ir0, [ir0], [])
+        plan = plan_draws(ir0, sizes, base)
+        try:
+            draws = check_gradient(ir0, gradient, plan, base)
+        except DerivationError as exc:
+            raise exc.at(0, file) from None
+        record["numeric"] = {"method": "central finite differences of the spec program, float64, Richardson-extrapolated",
+                             "tolerance": TOLERANCE, "passed": True, "draws": draws,
+                             "rel_error": max(max(r["rel_error"].values()) for r in draws)}
+    with _part("grad.schedule"):
+        shared = derive_program(spec, gradient.program, decl.schedule, file, seed=base + 1000, check=check)
+    kernels: list[Derivation] = []
+    available = {spec.output.tensor: FORWARD}
+    for k, kd in enumerate(decl.kernels):
+        where = f"grad.kernels[{k}].output"
+        prog = cut_kernel(shared.final, kd.output, available, file, where)
+        with _part(f"grad.kernels[{k}]"):
+            kern = derive_program(spec, prog, kd.schedule, file, seed=base + 2000 + 1000 * k, check=check)
+        kern.grad_kernel = kd.output  # type: ignore[attr-defined]
+        kern.grad_trace = {"kernel": kd.output, "grad": json_safe(record),  # type: ignore[attr-defined]
+                           "schedule_steps": [s.to_json() for s in shared.steps],
+                           "gradient_digest": shared.final.digest()}
+        kernels.append(kern)
+        available[kd.output] = f"kernel {kd.output}"
+    missing = [g for g in gradient.outputs if g not in available]
+    if missing:
+        raise SpecError("grad.kernels", f"no kernel writes {', '.join(missing)} (each gradient needs one: "
+                                        f"add {{output: {missing[0]}, schedule: [...]}})", file)
+    return GradDerivation(spec, file, gradient, record, shared, kernels)
+
+
+@contextmanager
+def _part(where: str) -> Iterator[None]:
+    """Errors of a schedule inside `grad:` name it (`grad.kernels[1]`, step 3)."""
+    try:
+        yield
+    except SpecError as exc:
+        where_ = exc.where.replace("schedule", f"{where}.schedule", 1) if exc.where.startswith("schedule") else exc.where
+        raise SpecError(where_, exc.reason, exc.file) from None
+    except DerivationError as exc:
+        raise type(exc)(f"{where}: {exc.rule}", exc.reason, exc.step, exc.file) from None
+
+
+def kernel_program(spec: SpecFile, kernel: str, file: str = "") -> Program:
+    """A backward kernel's IR₀ again, without checks (replay, verify, load)."""
+    decl = spec.grad
+    if decl is None:
+        raise DerivationError("replay", f"the trace names backward kernel {kernel}, the spec has no grad", None, file)
+    from .derive import apply_step
+
+    _, gradient = gradient_program(spec, file)
+    prog = gradient.program
+    for k, step in enumerate(decl.schedule, start=1):
+        prog = apply_step(prog, k, step.rule, step.params(), file)[3]
+    available = {spec.output.tensor: FORWARD}
+    for kd in decl.kernels:
+        if kd.output == kernel:
+            return cut_kernel(prog, kernel, available, file)
+        available[kd.output] = f"kernel {kd.output}"
+    raise DerivationError("replay", f"the spec's grad has no kernel {kernel}", None, file)
+
+
+def kernel_schedule(spec: SpecFile, kernel: str) -> list[Any]:
+    assert spec.grad is not None
+    return next(k.schedule for k in spec.grad.kernels if k.output == kernel)

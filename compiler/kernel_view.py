@@ -1,0 +1,47 @@
+"""What one kernel of a program computes, and what it reads that another build step wrote.
+
+A definition with `computed_by` (a backward kernel reading the forward's output, or the LSE an
+earlier kernel wrote) keeps its meaning in the program — every numeric check evaluates it — but
+the kernel receives the tensor as an argument.  Definitions only such tensors need are meaning
+only: no kernel computes them here.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .ir import Def, Program, tensors_read
+
+
+def computed_here(prog: Program) -> list[Def]:
+    """The definitions the output needs, not through a definition another step writes."""
+    by_name = {d.name: d for d in prog.defs}
+    live: set[str] = set()
+    todo = [prog.output]
+    while todo:
+        n = todo.pop()
+        d = by_name.get(n)
+        if d is None or n in live or d.computed_by:
+            continue
+        live.add(n)
+        todo += sorted(tensors_read(d.body))
+    return [d for d in prog.defs if d.name in live]
+
+
+def kernel_inputs(prog: Program) -> list[str]:
+    """The tensors the kernel reads: the program's inputs, then the definitions written
+    elsewhere, in the program's order (the kernel's arguments)."""
+    reads: set[str] = set()
+    for d in computed_here(prog):
+        reads |= tensors_read(d.body)
+    names = [n for n, _ in prog.inputs] + [d.name for d in prog.defs if d.computed_by]
+    return [n for n in names if n in reads]
+
+
+def kernel_view(prog: Program) -> Program:
+    """The program as its kernel sees it: the tensors written elsewhere are inputs, and only
+    the definitions the kernel computes remain."""
+    if not any(d.computed_by for d in prog.defs):
+        return prog
+    types = {n: t for n, t in prog.inputs} | {d.name: d.type for d in prog.defs}
+    inputs = tuple((n, types[n]) for n in kernel_inputs(prog))
+    return replace(prog, inputs=inputs, defs=tuple(computed_here(prog)))

@@ -1,0 +1,83 @@
+"""RECOMPUTE: a softmax as exp(score − LSE), with the row's log-sum-exp LSE a tensor of its own.
+
+    before:  def P[i, j] = softmax(j_ < N | mask: s[i, j_])@[j]
+    after:   def M[i]    = max(j_ < N: [mask] ? s[i, j_] : -inf)
+             def LSE[i]  = M[i] + log(sum(j_ < N: [mask] ? exp(s[i, j_] - M[i]) : 0))
+             def P[i, j] = [mask at j] ? exp(s[i, j] - LSE[i]) : 0
+
+FlashAttention's backward keeps one number per row (LSE, O(N) memory) instead of the N×N
+probabilities, and recomputes P tile by tile from the scores: exp(s − LSE) needs no division and
+is at most 1 (LSE ≥ every live score), so large logits cannot overflow it.  Exact where the row
+has a live element (exp(log L) = L for L > 0, and exp(s − M − log L) = exp(s − M) / L); a fully
+masked row gives P = 0 at every position on both sides, whatever LSE is (−inf here).
+Preconditions: those of SPLIT-SOFTMAX (one softmax at the top level of the definition, over
+untiled, unmapped loops).
+Theorem: softmax_recompute (lean/Derivc/Rules/Recompute.lean, proofs_ci/coq/Rules/Recompute.v).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from pydantic import Field
+
+from ..ir import Bin, Const, Def, Program, Read, Reduce, Softmax, TensorType, Un, fresh, names_in_program, subst_index
+from . import register
+from .base import Facts, StepParams, guarded, replace_node
+from .split_softmax import SplitSoftmax
+
+
+class RecomputeParams(StepParams):
+    def_: str = Field(alias="def")
+    max_name: str | None = None
+    lse_name: str | None = None
+    new_names = ("max_name", "lse_name")
+
+    @property
+    def sum_name(self) -> str | None:  # the statistic SPLIT-SOFTMAX's check names
+        return self.lse_name
+
+
+class Recompute(SplitSoftmax):
+    name = "recompute"
+    kind = "RECOMPUTE"
+    theorem = "softmax_recompute"
+    Params = RecomputeParams
+
+    def check(self, prog: Program, p: RecomputeParams) -> Facts:  # type: ignore[override]
+        facts = super().check(prog, p)
+        if p.lse_name is None:
+            taken = set(names_in_program(prog)) | {facts["max"]}
+            facts["sum"] = fresh("LSE", taken)
+        facts["lse"] = facts.pop("sum")
+        return facts
+
+    def rewrite(self, prog: Program, p: RecomputeParams, facts: Facts) -> Program:  # type: ignore[override]
+        d = prog.def_named(p.def_)
+        node: Softmax = facts["site"]
+        loops = tuple(lp for lp in d.loops if lp.var in facts["row_loops"])
+        row = tuple(lp.var for lp in loops)
+        from ..ir import Aff
+
+        idx = tuple(Aff.of(v) for v in row)
+        shape = TensorType(tuple(lp.ext.single()[0] for lp in loops), "f32")
+        m_read, lse_read = Read(facts["max"], idx), Read(facts["lse"], idx)
+        zero, ninf = Const(0.0), Const(float("-inf"))
+
+        def masked(body, neutral):
+            return guarded(node.mask, body, neutral) if node.mask else body
+
+        m_def = Def(facts["max"], shape, loops, idx, Reduce("max", node.var, node.ext, masked(node.score, ninf)))
+        total = Reduce("sum", node.var, node.ext, masked(Un("exp", Bin("-", node.score, m_read)), zero))
+        lse_def = Def(facts["lse"], shape, loops, idx, Bin("+", m_read, Un("log", total)))
+        at_score = subst_index(node.score, node.var, node.at)
+        at_mask = tuple(c.subst(node.var, node.at) for c in node.mask)
+        prob = Un("exp", Bin("-", at_score, lse_read))
+        prob = guarded(at_mask, prob, zero) if at_mask else prob
+        new_p = replace(d, body=replace_node(d.body, node, prob))
+        defs = []
+        for x in prog.defs:
+            defs += [m_def, lse_def, new_p] if x.name == d.name else [x]
+        return replace(prog, defs=tuple(defs))
+
+
+register(Recompute())
