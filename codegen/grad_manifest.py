@@ -24,6 +24,7 @@ from .kir.ir import Kernel, TensorArg
 
 MANIFEST = "grad.json"
 _FIELDS = ("of", "seed", "wrt", "grads", "saved", "kernels")
+_OPTIONAL_FIELDS = ("grad",)  # GRAD's record (its numeric validation): for the reader, not the runtime
 _KERNEL_FIELDS = ("name", "dir", "inputs", "output", "dtype", "shape")
 
 
@@ -72,15 +73,15 @@ def _fail(path: Path, where: str, why: str) -> ManifestError:
     return ManifestError(f"{path}: {where}: {why}")
 
 
-def _fields(path: Path, where: str, raw: Any, names: tuple[str, ...]) -> None:
+def _fields(path: Path, where: str, raw: Any, names: tuple[str, ...], optional: tuple[str, ...] = ()) -> None:
     if not isinstance(raw, dict):
         raise _fail(path, where, f"expected an object, got {type(raw).__name__}")
     missing = [n for n in names if n not in raw]
     if missing:
         raise _fail(path, where, f"missing field {', '.join(map(repr, missing))}")
-    extra = sorted(set(raw) - set(names))
+    extra = sorted(set(raw) - set(names) - set(optional))
     if extra:
-        raise _fail(path, where, f"unknown field {extra[0]!r} (fields: {', '.join(names)})")
+        raise _fail(path, where, f"unknown field {extra[0]!r} (fields: {', '.join(names + optional)})")
 
 
 def _name(path: Path, where: str, x: Any) -> str:
@@ -100,7 +101,7 @@ def _names(path: Path, where: str, xs: Any) -> tuple[str, ...]:
 
 
 def _parse(path: Path, raw: Any) -> GradManifest:
-    _fields(path, "the manifest", raw, _FIELDS)
+    _fields(path, "the manifest", raw, _FIELDS, _OPTIONAL_FIELDS)
     wrt = _names(path, "wrt", raw["wrt"])
     grads_raw = raw["grads"]
     if not isinstance(grads_raw, dict):

@@ -1,4 +1,4 @@
-"""The training runtime (codegen.training) on the CPU: a build with gradients loaded and checked
+"""The training runtime (codegen.training) on the CPU: a build with gradients (a `grad:` spec) loaded and checked
 (the manifest, every backward kernel), forward and backward run through the emulation against
 the float64 gradient, and one clear error for each way a manifest or a kernel directory is wrong."""
 from __future__ import annotations
@@ -86,13 +86,13 @@ def test_names_and_shapes_checked_at_a_call(built):
 
 def test_op_name_names_the_spec_and_the_build(built, copy_of):
     a, b = load(built), load(copy_of)
-    assert a.name == b.name and a.name.startswith("softmax_rows_f32_")
+    assert a.name == b.name and a.name.startswith("softmax_rows_grad_f32_")
     (copy_of / "grad.json").write_text((copy_of / "grad.json").read_text() + " ")
     assert load(copy_of).name != a.name
 
 
 def _edit(out: Path, change) -> None:
-    m = trainkit.manifest("f32")
+    m = trainkit.read_manifest(out)
     change(m)
     trainkit.write_manifest(out, m)
 
@@ -122,13 +122,13 @@ BAD_MANIFESTS = {
     "missing kernel": (lambda m: _kernel(m, "D").update(dir="grad/nope"), r"grad/nope: does not exist"),
     "dir outside": (lambda m: _kernel(m, "D").update(dir="../x"), r"kernel D.dir: ../x is not inside"),
     "inputs differ from the kernel's": (lambda m: _kernel(m, "dX")["inputs"].remove("D"),
-                                        "kernel dX .*: the kernel's inputs are Y, dY, D, the manifest lists Y, dY"),
+                                        "kernel dX .*: the kernel's inputs are dY, Y, D, the manifest lists dY, Y"),
     "output dtype differs from the kernel's": (lambda m: _kernel(m, "D").update(dtype="f16"),
                                                r"kernel D .*: the kernel's output D is f32 \[R\], the manifest says f16 \[R\]"),
     "output shape differs from the kernel's": (lambda m: _kernel(m, "D").update(shape=["C"]),
                                                r"the kernel's output D is f32 \[R\], the manifest says f32 \[C\]"),
     "dir of another kernel": (lambda m: _kernel(m, "D").update(dir="grad/dX"),
-                              "kernel D .*: the kernel's inputs are Y, dY, D, the manifest lists Y, dY"),
+                              "kernel D .*: the kernel's inputs are dY, Y, D, the manifest lists dY, Y"),
 }
 
 
@@ -154,13 +154,14 @@ def test_kernel_reading_a_tensor_of_another_dtype_is_refused(copy_of):
 def test_no_manifest_not_json_no_marker_tampered_kernel(copy_of):
     import derivc
 
+    manifest = trainkit.read_manifest(copy_of)
     (copy_of / "grad.json").write_text("{")
     with pytest.raises(ValueError, match="grad.json: not valid JSON"):
         load(copy_of)
     (copy_of / "grad.json").unlink()
     with pytest.raises(ValueError, match="grad.json: not found .*no grad: section"):
         load(copy_of)
-    trainkit.write_manifest(copy_of, trainkit.manifest("f32"))
+    trainkit.write_manifest(copy_of, manifest)
     (copy_of / "grad" / "D" / ".derivc-build").unlink()
     with pytest.raises(ValueError, match=r"grad/D: has no \.derivc-build"):
         load(copy_of)
@@ -180,7 +181,7 @@ def test_as_torch_needs_cuda(built):
 
 def test_manifest_problems_found_before_the_kernels_run(copy_of):
     """Order errors are found on the manifest alone: nothing is emulated."""
-    m = trainkit.manifest("f32")
+    m = trainkit.read_manifest(copy_of)
     m["kernels"] = [copy.deepcopy(m["kernels"][1]), copy.deepcopy(m["kernels"][0])]
     trainkit.write_manifest(copy_of, m)
     shutil.rmtree(copy_of / "grad")
