@@ -222,3 +222,41 @@ def test_torch_graph_capture_of_autograd(built, torch):
     torch.cuda.synchronize()
     _, g_ref = _torch_ref(torch, x, w)
     assert (torch.linalg.norm(gx.double() - g_ref) / torch.linalg.norm(g_ref)).item() < TOL[dtype]
+
+
+# -- attention: the example with gradients, where the repository has it ----------------------
+
+FA_GRAD = ROOT / "examples" / "flash_attention_grad.yaml"
+
+
+@pytest.mark.skipif(not FA_GRAD.exists(), reason="examples/flash_attention_grad.yaml not in this checkout")
+def test_attention_torch_op_matches_float64_autograd(torch, tmp_path):
+    """Causal attention's torch op: O and dQ, dK, dV against float64 torch.autograd, eager and
+    under torch.compile(fullgraph=True)."""
+    import derivc
+    import yaml
+
+    spec = yaml.safe_load(FA_GRAD.read_text())
+    d = spec["sizes"]["D"]
+    out = tmp_path / "fa"
+    derivc.build(FA_GRAD, out)
+    f = derivc.torch_op(out)
+    q, k, v = (torch.randn(2, 3, 200, d, device="cuda", dtype=torch.float16, requires_grad=True) for _ in range(3))
+    w = torch.randn(2, 3, 200, d, device="cuda", dtype=torch.float16)
+    q64, k64, v64 = (x.detach().double().requires_grad_(True) for x in (q, k, v))
+    s = (q64 @ k64.transpose(-1, -2)) / d ** 0.5
+    causal = torch.ones(200, 200, dtype=torch.bool, device="cuda").tril()
+    o_ref = torch.softmax(s.masked_fill(~causal, float("-inf")), dim=-1) @ v64
+    (o_ref * w.double()).sum().backward()
+
+    def rel(a, b):
+        return (torch.linalg.norm(a.double() - b) / torch.linalg.norm(b)).item()
+
+    for fn in (f, torch.compile(f, fullgraph=True)):
+        for x in (q, k, v):
+            x.grad = None
+        o = fn(q, k, v)
+        (o * w).sum().backward()
+        assert rel(o.detach(), o_ref.detach()) < 1e-2
+        for x, x64 in ((q, q64), (k, k64), (v, v64)):
+            assert rel(x.grad, x64.grad) < 1e-2
