@@ -273,6 +273,8 @@ def build_to(file: Path, outdir: Path, *, seed: int | None = None, codegen: bool
         from .derive_grad import derive_gradient
 
         backward = derive_gradient(spec, str(file), seed=d.seed)
+        for k in backward.kernels:  # their seeds follow the forward's, given or drawn
+            k.seed_given = d.seed_given
         d.backward = backward
     for one in [d] + (backward.kernels if backward else []):
         try:
@@ -283,16 +285,22 @@ def build_to(file: Path, outdir: Path, *, seed: int | None = None, codegen: bool
 
     def write(tmp: Path) -> None:
         write_outputs(d, tmp, codegen=codegen, proofs=proofs, policy=policy)
-        if backward is None:
-            return
-        for k in backward.kernels:
-            sub = tmp / "grad" / k.grad_kernel
-            sub.mkdir(parents=True)
-            write_outputs(k, sub, codegen=codegen, proofs=proofs, policy=policy)
-        (tmp / "grad.json").write_text(json.dumps(backward.manifest(), indent=2, allow_nan=False) + "\n")
+        if backward is not None:
+            write_backward(backward, tmp, codegen=codegen, proofs=proofs, policy=lambda _: policy)
 
     atomic_dir(outdir, write)
     return d
+
+
+def write_backward(backward: Any, outdir: Path, *, codegen: bool, proofs: bool,
+                   policy: Callable[[str], ProofPolicy]) -> None:
+    """OUT/grad/<kernel>/ (an ordinary build directory per backward kernel) and OUT/grad.json."""
+    for k in backward.kernels:
+        sub = outdir / "grad" / k.grad_kernel
+        sub.mkdir(parents=True)
+        write_outputs(k, sub, codegen=codegen, proofs=proofs, policy=policy(k.grad_kernel))
+    (outdir / "grad.json").write_text(json.dumps(backward.manifest(), indent=2, allow_nan=False) + "\n")
+    write_marker(outdir, BUILD_MARKER)  # the forward's marker, now over the backward's files too
 
 
 def cmd_build(args: argparse.Namespace, out: Out) -> int:

@@ -132,7 +132,9 @@ class _Differentiator:
         elif isinstance(e, Bin):
             self.binary(e, adj, binders, site, out)
         elif isinstance(e, Un):
-            self.back(e.a, mul(adj, self.unary_derivative(e)), binders, site, out)
+            # the value itself where it is stored: a norm's rsqrt(Σ …) is read, not summed again
+            value = Read(site.name, site.store) if e is site.body else e
+            self.back(e.a, mul(adj, self.unary_derivative(e, value)), binders, site, out)
         elif isinstance(e, Reduce):
             inner = binders + ((e.var, e.ext),)
             if e.op == "sum":
@@ -175,20 +177,22 @@ class _Differentiator:
         else:
             raise self.refuse(site, f"the operation `{e.op}` has no derivative rule")
 
-    def unary_derivative(self, e: Un) -> Expr:
+    def unary_derivative(self, e: Un, value: Expr) -> Expr:
+        """f'(a) for e = f(a), in terms of e's value where it can be (so the argument, often a
+        reduction, is not evaluated again)."""
         a = e.a
         if e.op == "exp":
-            return e
+            return value
         if e.op == "neg":
             return Const(-1.0)
-        if e.op == "log":
-            return div(ONE, a)
+        if e.op == "log":  # 1/a = exp(-log a)
+            return Un("exp", neg(value))
         if e.op == "sqrt":
-            return div(Const(0.5), e)
-        if e.op == "rsqrt":  # d a^(-1/2) = -1/2 · a^(-1/2) / a
-            return mul(Const(-0.5), div(e, a))
+            return div(Const(0.5), value)
+        if e.op == "rsqrt":  # d a^(-1/2) = -1/2 · a^(-3/2)
+            return mul(Const(-0.5), mul(value, mul(value, value)))
         if e.op == "tanh":
-            return sub(ONE, mul(e, e))
+            return sub(ONE, mul(value, value))
         if e.op == "erf":
             return mul(Const(2.0 / math.sqrt(math.pi)), Un("exp", neg(mul(a, a))))
         raise DerivationError(RULE, f"the function `{e.op}` has no derivative rule")
@@ -226,9 +230,13 @@ class _Differentiator:
     def accumulate(self, name: str, ttype: TensorType, contribs: list[_Contribution]) -> Def:
         """dX[x] = Σ over contributions of Σ_{binders, idx = x} adj."""
         targets = self.target_names(contribs[0], len(ttype.dims))
-        body: Expr | None = None
+        terms: dict[Expr, int] = {}  # equal terms (X·X gives two) counted once
         for c in contribs:
             term = self.solve(c, targets, ttype)
+            terms[term] = terms.get(term, 0) + 1
+        body: Expr | None = None
+        for term, count in terms.items():
+            term = term if count == 1 else mul(Const(float(count)), term)
             body = term if body is None else Bin("+", body, term)
         assert body is not None
         loops = tuple(Loop(t, Ext.of(dim)) for t, dim in zip(targets, ttype.dims))

@@ -39,9 +39,14 @@ def erf(a: np.ndarray) -> np.ndarray:
 
 
 UNARY = {
-    "exp": np.exp, "neg": np.negative, "sqrt": np.sqrt, "rsqrt": lambda a: 1.0 / np.sqrt(a),
+    "exp": np.exp, "neg": np.negative, "log": np.log, "sqrt": np.sqrt, "rsqrt": lambda a: 1.0 / np.sqrt(a),
     "tanh": np.tanh, "erf": erf,
 }
+
+
+def step_gt(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """gt(a, b): 1.0 where a > b, else 0.0 (a NaN operand compares false: 0)."""
+    return np.greater(a, b).astype(np.float64)
 
 
 class InterpError(Exception):
@@ -437,6 +442,8 @@ def evaluate(env: _Env, e: Expr) -> np.ndarray:
                 return np.where(a == b, 1.0, np.exp(a - b))
             if e.op == "max":
                 return np.maximum(a, b)
+            if e.op == "gt":
+                return step_gt(a, b)
         raise InterpError(f"unknown operator {e.op}")
     if isinstance(e, Un):
         a = evaluate(env, e.a)

@@ -218,7 +218,7 @@ class IndexValue:
 
 @dataclass(frozen=True)
 class Bin:
-    op: str  # + - * / max rescale (rescale(a, b) = exp(a - b), 1 when a == b)
+    op: str  # one of BINARY_OPERATORS
     a: "Expr"
     b: "Expr"
 
@@ -296,7 +296,13 @@ Expr = Union[Const, Read, IndexValue, Bin, Un, Reduce, Select, Softmax, Let, Fol
 
 # The unary functions of the language (`neg` is unary minus); every pass that evaluates,
 # exports or prints expressions covers exactly these.
-UNARY_FUNCTIONS = ("exp", "neg", "sqrt", "rsqrt", "tanh", "erf")
+UNARY_FUNCTIONS = ("exp", "neg", "log", "sqrt", "rsqrt", "tanh", "erf")
+# The binary operators: the infix arithmetic, and the functions written `op(a, b)`:
+# max; rescale(a, b) = exp(a - b), exactly 1 when a == b (also at -inf); the step
+# gt(a, b) = 1 if a > b else 0 (NaN compares false: 0), the derivative of max.
+INFIX_OPERATORS = ("+", "-", "*", "/")
+BINARY_FUNCTIONS = ("max", "rescale", "gt")
+BINARY_OPERATORS = INFIX_OPERATORS + BINARY_FUNCTIONS
 
 # --------------------------------------------------------------------------- statements
 

@@ -24,6 +24,7 @@ from .ir import (
     Select, Softmax, Un,
 )
 from .obligations_types import EXT, FIN, join, program_types
+from .printer import show_expr
 
 Term = tuple
 
@@ -171,9 +172,9 @@ class Exporter:
     tensors: dict[str, int] = field(default_factory=dict)
     bufs: dict[str, int] = field(default_factory=dict)
     consts: dict[str, str] = field(default_factory=dict)
-    # the language's functions other than exp (sqrt, tanh, …: `f_<op> : R -> R`) and the value of an
-    # index (`f_ofnat : nat -> R`) are quantified: an obligation holds for every such function, so for
-    # the real ones; name -> binder type ('fun' or 1)
+    # the language's functions other than the algebra's exp, neg, log (sqrt, tanh, …: `f_<op> : R -> R`)
+    # and the value of an index (`f_ofnat : nat -> R`) are quantified: an obligation holds for every
+    # such function, so for the real ones; name -> binder type ('fun' or 1)
     funs: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     _const_keys: dict[Any, str] = field(default_factory=dict)
@@ -384,6 +385,11 @@ class Exporter:
                 if ta == tb == FIN:
                     return A("exp", A("sub", a, b)), FIN
                 return A("rescale", self.lift(a, ta, EXT), self.lift(b, tb, EXT)), FIN
+            if e.op == "gt":  # the algebra's step gt : R -> R -> R, on finite operands only
+                if EXT in (ta, tb):
+                    raise ExportError("gt of a value that may be -inf (a max, -inf or a masked score): "
+                                      + " ".join(show_expr(e).split()))
+                return A("gt", a, b), FIN
             op = {"+": "add", "-": "sub", "*": "mul", "/": "div"}.get(e.op)
             if op is None:
                 raise ExportError(f"binary operator {e.op}")

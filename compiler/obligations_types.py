@@ -2,9 +2,10 @@
 
 The proof semantics keeps −∞ out of the ring R: everything max-like (the constant −∞, `max`,
 max reductions, selects with a −∞ branch, tensors / buffers / fold state holding such values)
-is an extended value `ext R` (Fin r | NInf), on which there is no ring arithmetic.  This
-module assigns each IR name and expression its type; compiler/obligations_terms.py exports
-accordingly (lifting R to X with `Fin`, `exp (a - b)` on extended values as `expd a b`).
+is an extended value `ext R` (Fin r | NInf), on which there is no ring arithmetic; `rescale` and
+the step `gt(a, b)` are finite whatever their operands.  This module assigns each IR name and
+expression its type; compiler/obligations_terms.py exports accordingly (lifting R to X with `Fin`,
+`exp (a - b)` on extended values as `expd a b`).
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def expr_type(e: Expr, names: dict[str, str]) -> str:
         return names.get(e.tensor, FIN)
     if isinstance(e, Bin):
         ta, tb = expr_type(e.a, names), expr_type(e.b, names)
-        return EXT if e.op == "max" else FIN if e.op == "rescale" else join(ta, tb)
+        return EXT if e.op == "max" else FIN if e.op in ("rescale", "gt") else join(ta, tb)
     if isinstance(e, Un):
         expr_type(e.a, names)
         return FIN

@@ -6,7 +6,8 @@
     O[b, h, i, d] = sum(j: P[b, h, i, j] * V[b, h, j, d])
 
 Grammar: + - * / with the usual precedence, unary minus, numbers, parameter names,
-reads `T[affine, ...]`, `exp(e)`, `sqrt(e)`, `rsqrt(e)`, `tanh(e)`, `erf(e)`, `max(a, b)`,
+reads `T[affine, ...]`, `exp(e)`, `log(e)`, `sqrt(e)`, `rsqrt(e)`, `tanh(e)`, `erf(e)`, `max(a, b)`,
+`gt(a, b)` (1 where a > b, else 0),
 reductions `sum(v: e)` / `max(v: e)` with an optional guard `sum(v | cond && cond: e)`,
 `softmax(v [| cond]: e)` and `where(cond, a, b)`.  A size or index name used as a value (`/ C`,
 `(j - i)`) is its number.  Affine indices: `i`, `2*i + 1`, `i - j`; conditions
@@ -30,7 +31,8 @@ MAX_EXPR_DEPTH = 100
 TOKEN = re.compile(r"\s*(?:(\d+\.\d*(?:[eE][-+]?\d+)?|\d+(?:[eE][-+]?\d+)?)|([A-Za-z_][A-Za-z_0-9]*)|(<=|>=|==|&&|[-+*/()\[\],:<>|=]))")
 
 
-FUNCTIONS = ("exp", "sqrt", "rsqrt", "tanh", "erf")
+FUNCTIONS = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf")
+BINARY_CALLS = ("max", "gt")  # f(a, b) in a statement (max(v: e) is a reduction; rescale is derivc's own)
 COMPARISONS = ("<", "<=", ">", ">=", "==")
 
 
@@ -231,12 +233,12 @@ class _Parser:
             a = self.expr()
             self.take(")")
             return PCall(fn, a)
-        if fn == "max":
+        if fn in BINARY_CALLS:
             a = self.expr()
             self.take(",")
             b = self.expr()
             self.take(")")
-            return PBin("max", a, b)
+            return PBin(fn, a, b)
         if fn == "where":
             conds = self.conds()
             self.take(",")
@@ -246,7 +248,7 @@ class _Parser:
             self.take(")")
             return PWhere(conds, a, b)
         raise ParseError(
-            f"unknown function {fn!r} (known: sum(v: e), max(v: e), max(a, b), "
+            f"unknown function {fn!r} (known: sum(v: e), max(v: e), max(a, b), gt(a, b), "
             + ", ".join(f"{f}(e)" for f in FUNCTIONS) + ", softmax(v: e), where(cond, a, b))"
         )
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 
 from .ir import (
-    Bin, Binding, Const, Def, Expr, Fold, IndexValue, Let, Program, Read, Reduce, Select, Softmax, Un,
+    BINARY_FUNCTIONS, Bin, Binding, Const, Def, Expr, Fold, IndexValue, Let, Program, Read, Reduce, Select, Softmax, Un,
 )
 
 _PREC = {"+": 1, "-": 1, "*": 2, "/": 2}
@@ -22,7 +22,7 @@ def show_expr(e: Expr, indent: int = 0) -> str:
     if isinstance(e, Read):
         return e.tensor + ("[" + ", ".join(str(a) for a in e.idx) + "]" if e.idx else "")
     if isinstance(e, Bin):
-        if e.op in ("max", "rescale"):
+        if e.op in BINARY_FUNCTIONS:
             return f"{e.op}({show_expr(e.a, indent)}, {show_expr(e.b, indent)})"
         return f"{_wrap(e.a, e.op, indent, False)} {e.op} {_wrap(e.b, e.op, indent, True)}"
     if isinstance(e, Un):

@@ -120,6 +120,19 @@ def rebuild(build: Path, into: Path) -> None:
     try:
         write_outputs(d, into, codegen=codegen, proofs=recorded.reason != proofcheck.SKIPPED,
                       policy=ProofPolicy(recorded=recorded))
+        if spec.grad is not None:  # the backward kernels, each with its own recorded proof check
+            from .cli import write_backward
+            from .derive_grad import derive_gradient
+
+            backward = derive_gradient(spec, file, seed=trace["seed"])
+            for k in backward.kernels:
+                k.seed_given, k.spec_text = d.seed_given, d.spec_text
+
+            def policy(kernel: str) -> ProofPolicy:
+                sub = _load_trace(build / "grad" / kernel) if (build / "grad" / kernel).is_dir() else trace
+                return ProofPolicy(recorded=proofcheck.from_trace(sub) or recorded)
+
+            write_backward(backward, into, codegen=codegen, proofs=recorded.reason != proofcheck.SKIPPED, policy=policy)
     except (SpecError, DerivationError, BuildError) as exc:
         raise RebuildError(f"the recorded spec no longer builds: {' '.join(str(exc).split())}") from None
 

@@ -15,46 +15,27 @@ from what the derivation gives: what runs is what was derived.
 """
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["build", "load", "Kernel"]
+__all__ = ["build", "load", "load_training", "torch_op", "Kernel"]
 
 
 class Kernel:
     """A derived kernel: call it on the spec's inputs, in the order the spec declares them."""
 
     def __init__(self, out_dir: Path):
-        from codegen.mappings.ctx_common import DEFAULT_OPTIONS
-        from codegen.kir.lower import lower
-        from codegen.mappings import print_kernel
+        from codegen.build_dir import load_build
         from codegen.cuda.runtime import CompiledKernel
-        from compiler.trace import replay, spec_of_trace
 
         self.out_dir = Path(out_dir)
-        trace_file = self.out_dir / "derivation.json"
-        if not trace_file.exists():
-            raise ValueError(f"{self.out_dir}: no derivation.json (not a derivc build directory)")
-        trace = json.loads(trace_file.read_text())
-        spec = spec_of_trace(trace)
-        final = replay(spec, trace)
-        printed = print_kernel(lower(final, spec.name), DEFAULT_OPTIONS)
-        cubins: dict[str, bytes] = {}
-        for v in printed.variants:
-            cu = self.out_dir / f"{v.stem}.cu"
-            if not cu.exists():
-                raise ValueError(f"{self.out_dir}: no {cu.name} (built with --no-codegen?)")
-            if cu.read_text() != v.source.source:
-                raise ValueError(f"{cu}: differs from the kernel the derivation gives; rebuild the directory")
-            cubin = self.out_dir / f"{v.stem}.cubin"
-            if cubin.exists():
-                cubins[v.stem] = cubin.read_bytes()
+        loaded = load_build(self.out_dir)
+        printed = loaded.printed
         self.kir = printed.kernel
         self.plan = printed.plan
-        self.inputs = tuple(t.name for t in printed.kernel.inputs)
-        self._kernel = CompiledKernel(printed, cubins)
+        self.inputs = loaded.inputs
+        self._kernel = CompiledKernel(printed, loaded.cubins)
 
     def __call__(self, *inputs: Any, out: Any = None, **sizes: int) -> Any:
         """Run on CuPy arrays or torch tensors; a dynamic size no input's shape determines (a
@@ -84,3 +65,16 @@ def build(path: str | Path, out_dir: str | Path | None = None, *, seed: int | No
 def load(out_dir: str | Path) -> Kernel:
     """Load the kernel of a directory written by `derivc build`."""
     return Kernel(Path(out_dir))
+
+
+def load_training(out_dir: str | Path, device: str = "cuda") -> Any:
+    """The forward and backward kernels of a build with gradients (OUT/grad.json), checked;
+    device "emu" runs them on the CPU through the emulation (numpy arrays)."""
+    from codegen.training import Training
+
+    return Training(Path(out_dir), device=device)
+
+
+def torch_op(out_dir: str | Path) -> Any:
+    """A build with gradients as a torch custom op with autograd (torch.compile-able)."""
+    return load_training(out_dir).as_torch()

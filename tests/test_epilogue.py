@@ -1,7 +1,7 @@
 """The contraction epilogue (codegen/mappings/epilogue.py): the kernel IR's stored value printed to C.
 
 - Generated epilogues (random trees over the accumulator, guarded reads bias[j], bias[N-1-j],
-  C0[i, j], C0[j, i], index values, constants, + - * / max and the unary functions) are printed
+  C0[i, j], C0[j, i], index values, constants, + - * / max gt and the unary functions) are printed
   through the real contraction matcher, compiled on the host with g++ against bounds-checked
   arrays and compared with a float64 evaluation of the kernel IR expression, on interior and tail
   blocks: no read out of bounds, the interior predicate holds only where every read is in range.
@@ -68,14 +68,16 @@ def random_tree(rnd: random.Random, acc: str, depth: int = 0):
     a = random_tree(rnd, acc, depth + 1)
     if kind < 0.55:
         b = random_tree(rnd, acc, depth + 1)
-        op = rnd.choice(["+", "-", "*", "max", "/"])
+        op = rnd.choice(["+", "-", "*", "max", "/", "gt"])
         if op == "/":  # a denominator >= 1
             b = Bin("+", Const(1.0), Bin("*", b, b))
+        if op == "gt":  # against a leaf: fp32 and float64 agree on which side a value lies
+            b = random_tree(rnd, acc, 3)
         return Bin(op, a, b)
-    fn = rnd.choice(["neg", "tanh", "exp", "sqrt", "rsqrt", "erf"])
+    fn = rnd.choice(["neg", "tanh", "exp", "sqrt", "rsqrt", "erf", "log"])
     if fn == "exp":
         a = Un("tanh", a)  # bounded argument
-    if fn in ("sqrt", "rsqrt"):
+    if fn in ("sqrt", "rsqrt", "log"):
         a = Bin("+", Const(0.5), Bin("*", a, a))
     return Un(fn, a)
 
@@ -97,11 +99,11 @@ def eval_tree(e, env: dict, arrays: dict, acc: str, accv: float) -> float:
     if isinstance(e, Bin):
         a, b = eval_tree(e.a, env, arrays, acc, accv), eval_tree(e.b, env, arrays, acc, accv)
         ops = {"+": lambda: a + b, "-": lambda: a - b, "*": lambda: a * b, "/": lambda: a / b,
-               "max": lambda: max(a, b)}
+               "max": lambda: max(a, b), "gt": lambda: 1.0 if a > b else 0.0}
         return ops[e.op]()
     a = eval_tree(e.a, env, arrays, acc, accv)
     fns = {"neg": lambda x: -x, "tanh": math.tanh, "exp": math.exp, "sqrt": math.sqrt,
-           "rsqrt": lambda x: 1 / math.sqrt(x), "erf": math.erf}
+           "rsqrt": lambda x: 1 / math.sqrt(x), "erf": math.erf, "log": math.log}
     return fns[e.op](a)
 
 
@@ -288,7 +290,7 @@ def test_unprintable_epilogues_are_refused_by_name(residual_kernel):
         (Bin("+", acc, Read("bias", (Aff.of("ko"),))), "ko"),
         (Bin("+", acc, Read("A_s", (Aff.of("ii"), Aff.of("ji")))), "A_s"),
         (Bin("+", acc, Read("sum_other", ())), "sum_other"),
-        (Un("log", acc), "'log'"),
+        (Un("sin", acc), "'sin'"),  # not a function of the language
         (Read("bias", (COL,)), "does not use the accumulator"),
     ]
     for value, name in cases:
@@ -440,3 +442,13 @@ def test_a_read_used_twice_is_one_local_and_a_read_used_once_stays_in_place(resi
     assert body.count("const float ") == 1 and "const float e0_ = ((epi_interior" in body
     assert "return (((acc_ + e0_) * e0_) + ((epi_interior" in body
     assert host_check(k, [value]) == []
+
+
+def test_mutation_gt_printed_as_ge_is_caught(monkeypatch, residual_kernel):
+    """The ReLU backward's step gt(C0[j, i], 0): where the read is outside C0 it is the fill 0, a
+    tie that `>=` gets wrong."""
+    acc = residual_kernel.body[0].state[0].name
+    relu_bwd = Bin("*", Read(acc, ()), Bin("gt", Read("C0", (COL, ROW)), Const(0.0)))
+    assert host_check(residual_kernel, [relu_bwd]) == []
+    monkeypatch.setattr(epi_mod, "gt_c", lambda a, b: f"(({a}) >= ({b}) ? 1.0f : 0.0f)")
+    assert any("!=" in p for p in host_check(residual_kernel, [relu_bwd]))

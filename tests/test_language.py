@@ -19,7 +19,7 @@ from compiler.lower_spec import lower_spec
 from compiler.spec import param_value, parse_spec_text
 
 OPS = {"<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal, "==": np.equal}
-FUNCTIONS = {"exp": math.exp, "sqrt": math.sqrt, "rsqrt": lambda x: 1 / math.sqrt(x), "tanh": math.tanh,
+FUNCTIONS = {"exp": math.exp, "log": math.log, "sqrt": math.sqrt, "rsqrt": lambda x: 1 / math.sqrt(x), "tanh": math.tanh,
              "erf": math.erf}
 
 
@@ -168,7 +168,7 @@ def test_kernel_ir_validation_catches_a_wrong_index_value(monkeypatch):
 @pytest.mark.parametrize("statement,fragments", [
     ("Y[i] = where(i != 2, X[i], 0)", ["statements[0]", "cannot parse"]),
     ("Y[i] = where(i =< 2, X[i], 0)", ["statements[0]", "cannot parse"]),
-    ("Y[i] = sin(X[i])", ["unknown function 'sin'", "tanh(e)", "erf(e)"]),
+    ("Y[i] = sin(X[i])", ["unknown function 'sin'", "tanh(e)", "erf(e)", "log(e)", "gt(a, b)"]),
     ("Y[i] = X[i] * Nn", ["unknown name 'Nn'", "did you mean 'N'"]),
     ("Y[i] = X[i] * k", ["unknown name 'k'"]),
 ])

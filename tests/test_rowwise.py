@@ -69,9 +69,10 @@ def test_example_builds_on_rowwise_without_spills(tmp_path, name):
 
 # --------------------------------------------------------------------------- generated row specs
 
-REDUCE_BODIES = ["X[r, k]", "X[r, k] * X[r, k]", "exp(X[r, k])", "tanh(X[r, k]) + 1"]
+REDUCE_BODIES = ["X[r, k]", "X[r, k] * X[r, k]", "exp(X[r, k])", "tanh(X[r, k]) + 1", "log(X[r, k] * X[r, k] + 1)"]
+# gt(S, X) ties at the row's maximum when S = max(k: X[r, k])
 OUTPUTS = ["X[r, c] * S[r]", "(X[r, c] - S[r]) * W[c]", "exp(X[r, c] - S[r])", "X[r, c] / (S[r] + C)",
-           "rsqrt(S[r] * S[r] + 1) * X[r, c] + W[c]"]
+           "rsqrt(S[r] * S[r] + 1) * X[r, c] + W[c]", "X[r, c] * gt(S[r], X[r, c]) + log(S[r] * S[r] + 1)"]
 
 
 def _row_case(rnd: random.Random, k: int) -> tuple[dict, str]:

@@ -16,8 +16,10 @@ from typing import Mapping
 
 import numpy as np
 
-from compiler.interp import erf, random_inputs, rel_error, run_program
-from compiler.ir import Aff, Bin, Cond, Const, Expr, Ext, IndexValue, Program, Read, Reduce, Select, Un
+from compiler.interp import UNARY, random_inputs, rel_error, run_program, step_gt
+from compiler.ir import (
+    BINARY_OPERATORS, UNARY_FUNCTIONS, Aff, Bin, Cond, Const, Expr, Ext, IndexValue, Program, Read, Reduce, Select, Un,
+)
 
 from .ir import Compute, Kernel, Stage, Stmt, TileLoop
 
@@ -233,10 +235,10 @@ class _Env:
 _BINARY = {
     "+": np.add, "-": np.subtract, "*": np.multiply, "max": np.maximum,
     "/": lambda a, b: np.where(b == 0, 0.0, a / np.where(b == 0, 1.0, b)),  # the field's x / 0 = 0
-    "rescale": lambda a, b: np.where(a == b, 1.0, np.exp(a - b)),
+    "rescale": lambda a, b: np.where(a == b, 1.0, np.exp(a - b)), "gt": step_gt,
 }
-_UNARY = {"exp": np.exp, "neg": np.negative, "sqrt": np.sqrt, "rsqrt": lambda a: 1.0 / np.sqrt(a),
-          "tanh": np.tanh, "erf": erf}
+_UNARY = UNARY  # the reference interpreter's functions: one meaning of each
+assert set(_BINARY) == set(BINARY_OPERATORS) and set(_UNARY) == set(UNARY_FUNCTIONS)
 
 
 def run_kernel(k: Kernel, sizes: Mapping[str, int], tensors: Mapping[str, np.ndarray]) -> np.ndarray:

@@ -21,15 +21,15 @@ from __future__ import annotations
 import re
 
 from compiler.ir import (
-    UNARY_FUNCTIONS, AccFact, Aff, Bin, Binding, Const, Def, Expr, Ext, Fold, IndexValue, Let, Program, Read,
-    Reduce, Select, Softmax, Un, walk,
+    BINARY_OPERATORS, UNARY_FUNCTIONS, AccFact, Aff, Bin, Binding, Const, Def, Expr, Ext, Fold, IndexValue, Let,
+    Program, Read, Reduce, Select, Softmax, Un, walk,
 )
 from compiler.kernel_view import kernel_view
 from compiler.printer import show_expr
 
 from .ir import Buffer, Compute, GridDim, Kernel, LaneDim, Stage, State, Stmt, Store, TensorArg, TileLoop
 
-BINARY_OPS = ("+", "-", "*", "/", "max", "rescale")
+BINARY_OPS = BINARY_OPERATORS
 UNARY_OPS = UNARY_FUNCTIONS
 REDUCTIONS = {"sum": 0.0, "max": float("-inf")}
 

@@ -32,16 +32,17 @@ def conds_c(conds: tuple[Cond, ...], names: Mapping[str, str]) -> str:
     return " && ".join(cond_c(c, names) for c in conds) if conds else "true"
 
 
-# float functions of the CUDA math library for the language's unary functions (fp32 math)
-_UNARY_C = {"exp": "expf", "sqrt": "sqrtf", "rsqrt": "rsqrtf", "tanh": "tanhf", "erf": "erff"}
-assert set(_UNARY_C) | {"neg"} == set(UNARY_FUNCTIONS)
+# float functions of the CUDA math library for the language's unary functions (fp32 math; logf,
+# not the approximate __logf: log feeds gradients and log-sum-exp, whose error it would carry)
+UNARY_C = {"exp": "expf", "log": "logf", "sqrt": "sqrtf", "rsqrt": "rsqrtf", "tanh": "tanhf", "erf": "erff"}
+assert set(UNARY_C) | {"neg"} == set(UNARY_FUNCTIONS)
 
 
 def unary_c(op: str, arg: str) -> str:
     """C text of a unary function applied to the C expression `arg` (a float)."""
     if op == "neg":
         return f"(-{arg})"
-    fn = _UNARY_C.get(op)
+    fn = UNARY_C.get(op)
     if fn is None:
         raise KeyError(f"function {op} has no C form")
     return f"{fn}({arg})"
@@ -89,6 +90,12 @@ def box_extremes(c: Cond, box: Mapping[str, tuple[str, str]], names: Mapping[str
 _BINARY_C = {"+": "+", "-": "-", "*": "*", "/": "/"}
 
 
+def gt_c(a: str, b: str) -> str:
+    """C text of the step gt(a, b) on float expressions: 1 where a > b, else 0 (a NaN operand
+    compares false, as in the interpreter)."""
+    return f"(({a}) > ({b}) ? 1.0f : 0.0f)"
+
+
 def float_const_c(v: float) -> str:
     if v == float("inf"):
         return "__int_as_float(0x7f800000)"
@@ -100,7 +107,7 @@ def float_const_c(v: float) -> str:
 
 
 def value_c(e: Expr, read: Callable[[Read], str], index_value: Callable[[Aff], str]) -> str:
-    """C text (a float) of an element-wise IR expression: constants, + - * / max, the unary
+    """C text (a float) of an element-wise IR expression: constants, + - * / max gt, the unary
     functions, tensor reads (printed by `read`) and index values (printed by `index_value`).
     Anything else (a reduction, a guard, a fold) has no element-wise C form: ValueError naming it."""
     if isinstance(e, Const):
@@ -113,6 +120,8 @@ def value_c(e: Expr, read: Callable[[Read], str], index_value: Callable[[Aff], s
         a, b = value_c(e.a, read, index_value), value_c(e.b, read, index_value)
         if e.op == "max":
             return f"fmaxf({a}, {b})"
+        if e.op == "gt":
+            return gt_c(a, b)
         op = _BINARY_C.get(e.op)
         if op is None:
             raise ValueError(f"operator {e.op} has no element-wise C form")

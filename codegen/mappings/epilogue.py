@@ -7,7 +7,7 @@ The contraction mappings accept a stored value that is an expression of
   and the sizes (`bias[256*jo + ji]`, `C0[128*io + ii, 256*jo + ji]`);
 - scalar bindings computed after the tile loop (`Compute` of a register scalar: FUSE's binding
   of a producer read several times), inlined where they are read;
-- number constants, `+ - * /`, `max`, and the functions `exp neg tanh sqrt rsqrt erf`;
+- number constants, `+ - * /`, `max`, the step `gt`, and the functions `exp neg log tanh sqrt rsqrt erf`;
 - sizes and indices as values (`IndexValue`).
 
 Anything else (a condition, a reduction, `rescale`, a non-finite constant, a read of a buffer or
@@ -29,7 +29,7 @@ unguarded copy of the epilogue costs the cp.async kernel its last registers and 
 
 Instruction choices (never meaning): with an f16 / bf16 output, `tanh` prints as the hardware
 `tanh.approx.f32` (relative error about 2^-11, the output's own rounding) and `exp` as `__expf`;
-an f32 output gets `tanhf` / `expf`.
+an f32 output gets `tanhf` / `expf`; `log` is `logf` on every output.
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ from typing import Mapping
 
 from compiler.ir import Aff, Bin, Cond, Const, Expr, IndexValue, Read, Un, walk
 
-from .cexpr import aff_c, box_extremes, cond_c
+from .cexpr import UNARY_C, aff_c, box_extremes, cond_c, gt_c
 from ..kir.ir import Compute, Kernel
 from ..kir.lower import UnsupportedMapping
 from .plan import EpiloguePlan, Operand
@@ -46,7 +46,7 @@ from .plan import EpiloguePlan, Operand
 ACC = "acc_"
 ROW, COL = "er_", "ec_"
 BINARY = {"+": "+", "-": "-", "*": "*", "/": "/"}
-UNARY_EXACT = {"exp": "expf", "tanh": "tanhf", "sqrt": "sqrtf", "rsqrt": "rsqrtf", "erf": "erff"}
+UNARY_EXACT = dict(UNARY_C)  # neg prints as a sign
 UNARY_FAST = {**UNARY_EXACT, "exp": "__expf", "tanh": "derivc_tanh_approx"}
 # C functions of the value that are instructions -> the macro of constructs/instr.cu.j2 printing
 # that wrapper (its PTX and its emulation) into the kernel's wrapper section
@@ -84,6 +84,8 @@ class _Printer:
                 return f"({a} {BINARY[e.op]} {b})"
             if e.op == "max":
                 return f"fmaxf({a}, {b})"
+            if e.op == "gt":
+                return gt_c(a, b)
             raise self.refuse(f"applies {e.op!r}, which this printer does not print")
         if isinstance(e, Un):
             a = self.expr(e.a, guarded)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from compiler.ir import Aff, Bin, Const, Expr, IndexValue, Read, Reduce, Select, Un, walk
 from compiler.machine import DTYPES
 
-from .cexpr import aff_c, conds_c, float_const_c, index_value_c, size_names, unary_c
+from .cexpr import aff_c, conds_c, float_const_c, gt_c, index_value_c, size_names, unary_c
 from ..kir.ir import Compute, Kernel, Stage, TileLoop
 from ..kir.lower import UnsupportedMapping
 from ..source import KernelSource, Launch
@@ -299,6 +299,8 @@ class _Printer:
             return f"fmaxf({a}, {b})"
         if op == "rescale":
             return f"rescale({a}, {b})"
+        if op == "gt":
+            return gt_c(a, b)
         raise _refuse(f"operator {op}")
 
     # ------------------------------------------------------------------ per-row (scalar) values

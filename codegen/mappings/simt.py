@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from compiler.ir import Aff, Bin, Const, Expr, IndexValue, Read, Reduce, Select, Un, free_indices, walk
 from compiler.machine import DEVICE, DTYPES
 
-from .cexpr import aff_c, conds_c, ext_c, float_const_c, index_value_c, size_names, unary_c
+from .cexpr import aff_c, conds_c, ext_c, float_const_c, gt_c, index_value_c, size_names, unary_c
 from ..kir.grid import block_index_c
 from ..kir.ir import Buffer, Compute, Kernel, Stage, Stmt, TileLoop
 from ..kir.lower import UnsupportedMapping
@@ -116,7 +116,8 @@ class _Printer:
             a, b = self.ex(e.a, names), self.ex(e.b, names)
             if e.op in "+-*":
                 return f"({a} {e.op} {b})"
-            return {"/": f"div0({a}, {b})", "max": f"fmaxf({a}, {b})", "rescale": f"rescale({a}, {b})"}[e.op]
+            return {"/": f"div0({a}, {b})", "max": f"fmaxf({a}, {b})", "rescale": f"rescale({a}, {b})",
+                    "gt": gt_c(a, b)}[e.op]
         if isinstance(e, Un):
             try:
                 return unary_c(e.op, self.ex(e.a, names))
