@@ -133,3 +133,23 @@ def test_wrong_backward_site_fails_coqc(coq_lib, tmp_path, monkeypatch, rule, mu
     assert entry["status"] == "full", entry
     ok, _ = _coqc(v, coq_lib)
     assert not ok, f"{rule}: a wrong site passed coqc"
+
+
+def test_example_backward_schedule_and_lse_kernel_safety(coq_lib, tmp_path):
+    """examples/flash_attention_grad.yaml: its grad.schedule (RECOMPUTE, softmax_rowterm) and the
+    LSE kernel's safety obligation (exp(s - M) under the causal mask, M the masked row max:
+    derivc_ele's masked-max case, ele_maxTo_sel) pass coqc."""
+    from compiler.spec import load_spec_file
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "flash_attention_grad.yaml"
+    gd = derive_gradient(load_spec_file(path), str(path), check=False, seed=3)
+    obligations.write_obligations(gd.shared, tmp_path / "shared")
+    steps = json.loads((tmp_path / "shared" / "index.json").read_text())["steps"]
+    assert [s["theorem"] for s in steps] == ["softmax_recompute", "softmax_bwd_rowterm"]
+    lse = next(k for k in gd.kernels if k.grad_kernel == "LSE")
+    obligations.write_obligations(lse, tmp_path / "LSE")
+    safety = json.loads((tmp_path / "LSE" / "index.json").read_text())["safety"]
+    assert safety["status"] == "full" and safety["coq_theorems"]
+    for v in [tmp_path / "shared" / s["files"]["coq"] for s in steps] + [tmp_path / "LSE" / safety["files"]["coq"]]:
+        ok, out = _coqc(v, coq_lib)
+        assert ok, f"{v.name}: {out}"

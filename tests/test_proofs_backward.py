@@ -129,6 +129,23 @@ Qed.""")
     assert ok, out
 
 
+MASKED_MAX_SAFETY = """
+Goal forall (i n j : nat) (S : nat -> R), j < n -> j <= i ->
+  let M := maxTo n (fun k => sel (Nat.leb k i) (Fin (S k)) ninf) in expd_safe (Fin (S j)) M.
+Proof. derivc_safe. Qed.
+"""
+
+
+@pytest.mark.parametrize("wrong", [None, ("Nat.leb k i", "Nat.ltb k i"), ("j <= i ->", "j <= i + 1 ->")],
+                         ids=["live-key", "max-over-fewer-keys", "exp-outside-the-mask"])
+def test_masked_max_safety(built_lib, tmp_path, wrong):
+    """exp(s_j - M) <= 1 for M the masked max (RECOMPUTE's M, the LSE kernel): derivc_safe finds j
+    among the live keys; when j may be a key the max does not see, it must fail."""
+    body = MASKED_MAX_SAFETY if wrong is None else MASKED_MAX_SAFETY.replace(*wrong)
+    ok, out = _goal(tmp_path, built_lib, "MaskedMaxSafety", body)
+    assert ok == (wrong is None), out
+
+
 # --------------------------------------------------------------------------- wrong statements
 
 
