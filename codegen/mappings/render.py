@@ -90,6 +90,8 @@ def _contraction_ctx(p: ContractionPlan) -> dict:
     ctx["smem_bytes"] = lay["total"]
     # two CTAs per SM when the estimated registers and the shared memory allow it
     est = ctx["MI"] * ctx["NI"] * 4 + 2 * (ctx["MI"] * 4 + ctx["NI"] * 2) + 48
+    if p.a_transposed:  # per-mi ldmatrix offsets and the 64-bit k-row strides of the [k][m] copies:
+        est += 2 * ctx["MI"] + 16  # TT 128x64x32 on 2 x 4 warps takes 184 registers unbounded, NT 138
     ctx["min_blocks"] = 2 if (2 * nthreads * est <= DEVICE.regs_per_sm and 2 * lay["total"] <= DEVICE.smem_per_block) else 1
     ctx["b_smem_off"] = lay.get("b", 0)
     ctx.update(contraction_grid_ctx(p, sz))
