@@ -93,13 +93,13 @@ def cut_kernel(prog: Program, output: str, available: dict[str, str], file: str 
             live |= tensors_read(d.body)
     defs = tuple(replace(d, computed_by=available.get(d.name, "")) for d in prog.defs if d.name in live)
     inputs = tuple((n, t) for n, t in prog.inputs if n in live)  # what the cut reads, nothing more
-    used: set[str] = set()
+    used: set[str] = set()  # the sizes the cut's meaning uses (dC0 = dC needs no K)
     for _, t in inputs:
         used |= set().union(*(a.names() for a in t.dims))
     for d in defs:
-        used |= set().union(*(a.names() for a in d.type.dims)) | set().union(*(lp.ext.names() for lp in d.loops))
+        used |= set().union(*(a.names() for a in d.type.dims), *(lp.ext.names() for lp in d.loops))
         used |= free_indices(d.body)
-    sizes = tuple((n, v) for n, v in prog.sizes if n in used)  # dC0 = dC needs no K
+    sizes = tuple((n, v) for n, v in prog.sizes if n in used)
     return replace(prog, sizes=sizes, inputs=inputs, defs=defs, output=output, facts=())
 
 
