@@ -96,6 +96,43 @@ def test_emulated_backward_matches_float64(built):
         assert err < 5e-3, (x, err)
 
 
+TANH_SPEC = """\
+name: tanh_score_sum
+sizes: {N: dynamic, D: 64}
+inputs:
+  Q: {shape: [N, D], dtype: f16}
+  K: {shape: [N, D], dtype: f16}
+  G: {shape: [N, D], dtype: f16}
+params: {scale: 1/sqrt(D)}
+statements:
+  - "Y[j, e] = sum(i: tanh(scale * sum(e5: Q[i, e5] * K[j, e5])) * sum(d: G[i, d] * K[j, d]) * Q[i, e])"
+output: {tensor: Y, dtype: f16}
+check_sizes: {N: 77}
+schedule:
+  - {rule: tile, def: Y, index: j, size: 64}
+  - {rule: tile, def: Y, index: i, size: 64}
+  - {rule: cache, def: Y, tensor: K, over: [ji, e5, d], level: register}
+  - {rule: cache, def: Y, tensor: Q, at: io, over: [ii, e5, e], level: shared, stages: 2}
+  - {rule: cache, def: Y, tensor: G, at: io, over: [ii, d], level: shared, stages: 2}
+  - {rule: parallel, def: Y, index: jo, to: grid.x}
+  - {rule: parallel, def: Y, index: ji, to: warp, count: 4}
+  - {rule: map_mma, def: Y, index: e5, instr: mma_sync}
+  - {rule: map_mma, def: Y, index: d, instr: mma_sync}
+  - {rule: map_mma, def: Y, index: ii, instr: mma_sync, m: ji}
+"""
+
+
+def test_the_mapping_prints_any_score_sum_not_only_attention(tmp_path):
+    """Two scores of one row tile (K against Q and G), tanh for the softmax, no mask, no vectors:
+    printed by the same mapping, checked by the kernel step."""
+    spec = tmp_path / "tanh_score_sum.yaml"
+    spec.write_text(TANH_SPEC)
+    proc = _build(spec, tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    plan = json.loads((tmp_path / "out" / "plan.json").read_text())
+    assert plan["mapping"] == "score_sum_mma_sync" and len(plan["plan"]["scores"]) == 2
+
+
 # -- refusals --------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
