@@ -350,6 +350,10 @@ def context(m: _Match) -> dict:
     upper = _end_tile_c(guards, m.loop.var, box, blk)
     if upper is not None:
         end = f"min({end}, {upper})"
+    # the tile range grows with the row tile (causal dQ): heaviest row tiles first, fewer idle SMs at the end
+    grows = any((c.rhs - c.lhs).coef(m.loop.var) < 0 and (c.rhs - c.lhs).coef(m.rtile) > 0 for c in guards)
+    rdim = next(g for g in k.grid if g.var == m.rtile)
+    rtile_expr = f"(int)({ext_c(rdim.ext, sizes)} - 1 - {bidx[m.rtile]})" if grows else f"(int){bidx[m.rtile]}"
     warp_box = {m.row: ("(warp * %d)" % rows_w, "(warp * %d + %d)" % (rows_w, rows_w - 1)),
                 m.col: ("0", str(p.block_n - 1))}
     wnames = {**blk, m.loop.var: "it"}
@@ -373,7 +377,7 @@ def context(m: _Match) -> dict:
         KD=p.head // 16, KT2=p.block_n // 16, DT=p.head // 8, stages=p.stages, swizzle=True,
         params=", ".join(params), _arg_names=tuple(arg_names),
         batch_decls=[f"const long long {v} = {bidx[g]};" for g, v in batch.items()],
-        rtile_expr=f"(int){bidx[m.rtile]}",
+        rtile_expr=rtile_expr,
         row_tiles=[dict(ptr=ptr[t.op.name], base=_base(t.op, fixed, "rt * %d" % p.block_m), register=t.level == "register",
                         lim=sizes[t.rows_size] + " - rt * %d" % p.block_m) for t in p.row_tiles],
         col_tiles=[dict(ptr=ptr[t.op.name], base=_base(t.op, fixed, "0"), step=_stride(t.op, t.op.roles.index("seq"), fixed),
