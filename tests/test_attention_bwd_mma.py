@@ -238,6 +238,32 @@ def test_cache_refuses_reads_of_different_tiles():
     assert "different tiles" in str(exc)
 
 
+def _tiled_causal_sum():
+    prog = program_of(spec_text(["Y[i, e] = sum(j | j <= i: exp(sum(d: Q[i, d] * K[j, d])) * K[j, e])"],
+                                {"Q": (["N", "D"], "f16"), "K": (["N", "D"], "f16")}, {"N": "dynamic", "D": 4}, "Y"))
+    prog = apply(prog, "tile", **{"def": "Y", "index": "i", "size": 4})
+    return prog, apply(prog, "tile", **{"def": "Y", "index": "j", "size": 4})
+
+
+def test_skip_masked_truncates_a_tiled_sum_at_the_diagonal():
+    """MASK on sum(jo: sum(ji < 4: [4*jo + ji <= 4*io + ii] ? … : 0)): the key tiles past the query
+    tile's diagonal go (dQ's causal skip), the value unchanged."""
+    spec, prog = _tiled_causal_sum()
+    out = apply(prog, "skip_masked", **{"def": "Y", "index": "jo"})
+    from compiler.ir import Aff
+
+    assert out.defs[0].body.var == "jo" and out.defs[0].body.ext.parts[-1] == (Aff.build({"io": 4}, 4), 4)
+    for n in (5, 9, 13):
+        assert numeric_error(spec, out, {"N": n, "D": 4}, n) <= 1e-12
+
+
+def test_skip_masked_refuses_a_tiled_sum_without_guards():
+    spec = program_of(_two_reads())
+    prog = apply(spec, "tile", **{"def": "Y", "index": "j", "size": 4})
+    exc = check_fails(prog, "skip_masked", **{"def": "Y", "index": "jo"})
+    assert "guarded" in str(exc) or "nothing can be skipped" in str(exc)
+
+
 # -- mutations: each must fail the build at the kernel step ---------------------------------
 
 MUTATIONS = (
