@@ -463,11 +463,19 @@ def ob_mask(rec, before: Program, after: Program) -> Obligation:
     else:
         lemma = "sumTo_guard_trunc" if site.op == "sum" else "maxTo_trunc"
         K = a[2][0]
+        # a tiled sum (skip_masked's tile-sum case): each skipped iteration is a tile sum of zero
+        # terms, each zero by a failing guard of the term or of a factor (ring: 0 * x = 0)
+        tile_sum = site.op == "sum" and isinstance(site.body, Reduce)
+        if tile_sum:
+            kill = ("apply sumTo_zero_ext. intros t Ht. derivc_red; "
+                    "repeat (derivc_split; derivc_red; try (exfalso; lia)); try ring")
         proof = (f"intros.\n  etransitivity.\n  {{ apply ({lemma} ({_c(b[2][0])}) ({_c(K)}) ({_c(_lam_of(b))})).\n"
                  f"    - intros j Hj1 Hj2. {facts_s} {kill}.\n    - lia. }}\n  derivc_congr.")
+        lean_zero = ("  refine sumTo_zero_ext _ _ (fun t _ => ?_)\n    derivc_red\n    derivc_cases\n"
+                     "    all_goals first | rfl | (exfalso; omega) | ring\n") if tile_sum else (
+                     "  derivc_red\n    derivc_cases\n    all_goals first | rfl | (exfalso; omega)\n")
         lean = (f"by\n  intros\n  refine Eq.trans ({lemma} ({_l(b[2][0])}) ({_l(K)}) ({_l(_lam_of(b))}) ?_ (by omega)) ?_\n"
-                f"  · intro j _ _\n  {facts_ls.replace(chr(10) + '  ', chr(10) + '    ')}  derivc_red\n"
-                "    derivc_cases\n    all_goals first | rfl | (exfalso; omega)\n"
+                f"  · intro j _ _\n  {facts_ls.replace(chr(10) + '  ', chr(10) + '    ')}{lean_zero}"
                 "  · derivc_congr")
     ob = _ob(rec, "sumTo_guard_trunc", checked=(
         "the iterations beyond the new bound are fully masked: they add zero (sum), -inf (max) or "

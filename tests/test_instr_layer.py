@@ -114,11 +114,19 @@ void bar_sync(int id, int count);
 
 @lru_cache(maxsize=None)
 def _derived_sources(path: str) -> tuple[tuple[str, str, str], ...]:
-    """(mapping, stem, CUDA text) of every variant of the spec's kernel."""
-    d = derive(load_spec_file(Path(path)), path, seed=5)
-    kernel, _ = prepare(d)
-    printed = print_kernel(kernel, DEFAULT_OPTIONS)
-    return tuple((printed.mapping, v.stem, v.source.source) for v in printed.variants)
+    """(mapping, stem, CUDA text) of every variant of the spec's kernel and of its backward kernels."""
+    from compiler.derive_grad import derive_gradient
+
+    spec = load_spec_file(Path(path))
+    derivations = [derive(spec, path, seed=5)]
+    if spec.grad is not None:
+        derivations += derive_gradient(spec, path, seed=5).kernels
+    out = []
+    for d in derivations:
+        kernel, _ = prepare(d)
+        printed = print_kernel(kernel, DEFAULT_OPTIONS)
+        out += [(printed.mapping, v.stem, v.source.source) for v in printed.variants]
+    return tuple(out)
 
 
 def _wgmma_plans() -> list[tuple[str, str, str]]:

@@ -10,7 +10,10 @@ scope.  The rule binds a buffer holding that tile and reads through it:
                                     = [128*io + r0 < M && 32*ko + r1 < K] ? A[128*io + r0, 32*ko + r1] : 0
                                   in sum(ki < 32: A_s[ii, ki] * …))
 
-Out-of-range elements of a tail tile are zero-filled (what a guarded cp.async does).  The tile
+Out-of-range elements of a tail tile are zero-filled (what a guarded cp.async does).  Reads of the
+tile may use different tile indices of equal extents (dK reads Q[i, e5] in its score and Q[i, e]
+in its product: one tile, `over: [ii, e5, e]`), each read then goes through the buffer at its
+own indices.  The tile
 must be reused: some enclosing index the tile does not depend on must have extent ≥ 2.
 `stages` > 1 asks for a multi-buffered pipeline when `at` is a sequential index.
 
@@ -111,6 +114,7 @@ class Cache(Rule):
                 raise self.fail(f"index {v} has a dynamic extent; a tile must have a fixed size (tile it first)")
         inner = self._bound_inside(d, scope_node, scope)
         pattern = None
+        spanned_all: set[str] = set()
         for r in reads:
             pat = []
             for a in r.idx:
@@ -130,11 +134,15 @@ class Cache(Rule):
                 pat.append((v, base))
             if pattern is None:
                 pattern = pat
-            elif pat != pattern:
+            elif not _same_tile(pat, pattern, extents):
                 raise self.fail(f"reads of {t} use different tiles; cache each one separately")
+            vs = [v for v, _ in pat if v]
+            if len(set(vs)) != len(vs):
+                raise self.fail(f"{t}[{', '.join(map(str, r.idx))}] reads two tile positions at one index")
+            spanned_all.update(vs)
         spanned = [v for v, _ in pattern if v]
-        if sorted(spanned) != sorted(p.over) or len(set(spanned)) != len(spanned):
-            raise self.fail(f"over {list(p.over)} does not match the indices of {t} ({spanned})")
+        if sorted(spanned_all) != sorted(p.over):
+            raise self.fail(f"over {list(p.over)} does not match the indices of {t} ({sorted(spanned_all)})")
         base_names = set().union(*(b.names() for _, b in pattern))
         enclosing = [lp.var for lp in d.loops] + [
             x.var for x in enclosing_binders(d.body, reads[0]) if hasattr(x, "var")
@@ -213,10 +221,10 @@ class Cache(Rule):
         if conds:
             value = Select(tuple(conds), value, Const(0.0))
         bind = Binding(name, tuple(dims), value, p.level, p.stages, source=t)
-        over_of = [v for v, _ in pattern if v]
+        positions = [k for k, (v, _) in enumerate(pattern) if v]
 
-        def via_buffer(r: Read) -> Expr:
-            return Read(name, tuple(Aff.of(v) for v in over_of))
+        def via_buffer(r: Read) -> Expr:  # each read at its own tile indices (the same tile, _same_tile)
+            return Read(name, tuple(Aff.of(next(v for v in p.over if r.idx[k].coef(v))) for k in positions))
 
         if p.at is None:
             body = Let(bind, replace_reads(d.body, t, via_buffer))
@@ -231,6 +239,19 @@ class Cache(Rule):
             )
             body = replace_node(d.body, node, new)
         return prog.with_def(replace(d, body=body))
+
+
+def _same_tile(pat: list, first: list, extents: dict[str, int | None]) -> bool:
+    """Two reads of one tile: the same base at every position and, where the first spans a tile
+    index, an index of the same fixed extent (dK's Q[i, e5] in the score, Q[i, e] in the product)."""
+    if len(pat) != len(first):
+        return False
+    for (v, base), (w, base0) in zip(pat, first):
+        if base != base0 or (v is None) != (w is None):
+            return False
+        if v is not None and extents.get(v) != extents.get(w):
+            return False
+    return True
 
 
 register(Cache())

@@ -7,7 +7,8 @@ Meaning unchanged: the fragment product is the same sum, grouped in k-chunks of 
 Preconditions: a sum whose body (under an optional zero-guard) is a product a·b; b reads a
 staged tile (or input) with the summed index k in one position and one other index n; a is
 such a read too (index m) or a tile computed in registers (FA2's P fed to the P·V product —
-then `m` names the row loop); operands are f16 or bf16 and of one dtype; the extents of m, n
+then `m` names the row loop; a product written computed-times-read, the backward's dO·P, takes
+the read as B: multiplication commutes); operands are f16 or bf16 and of one dtype; the extents of m, n
 and k are fixed multiples of the instruction shape (mma_sync m16n8k16; wgmma m64nNk16 with
 N ≤ 256).  The accumulator is f32 in registers.
 Theorem: mma_tile (lean/Derivc/Rules/MapMma.lean, proofs_ci/coq).
@@ -61,6 +62,8 @@ class MapMma(Rule):
         if not (isinstance(body, Bin) and body.op == "*"):
             raise self.fail(f"the sum over {p.index} is not a product of two operands")
         a, b = body.a, body.b
+        if self._computed(b, buffers) and not self._computed(a, buffers):
+            a, b = b, a  # a·b = b·a: the staged read is the B operand (dV's dO[i, d] * P[i, j])
         b_info = self._operand(prog, b, p.index, buffers, "B")
         if b_info["computed"]:
             raise self.fail("the B operand must be read from a staged tile or an input")
@@ -99,6 +102,9 @@ class MapMma(Rule):
                 for v, x in bnd.dims:
                     extents[v] = const_extent(prog, x)
         return extents, buffers
+
+    def _computed(self, e: Expr, buffers: dict[str, Binding]) -> bool:
+        return not isinstance(e, Read) or (e.tensor in buffers and not buffers[e.tensor].source)
 
     def _operand(self, prog: Program, e: Expr, k: str, buffers: dict[str, Binding], role: str) -> dict:
         if not isinstance(e, Read):

@@ -8,7 +8,9 @@ position of a key tile jo > (128·io + 127) / 64 is masked:
 
 Preconditions: the guard conjunct bounds the tile index from above (positive coefficient of
 jo); every contribution of an iteration sits under a guard that contains that conjunct (for a
-sum/max: its body; for a fold: the online-aggregation step, whose masked iterations leave
+sum/max: its body; for a tiled sum sum(jo: sum(ji < T: t)): every term t, through its zero
+guards — the conditions of t's zero-guarded value or of a zero-guarded factor of a product, as
+the attention backward's P = [mask] ? exp(..) : 0 multiplies dP - Dsum; for a fold: the online-aggregation step, whose masked iterations leave
 (m, l, acc) unchanged since rescale(m, max(m, −∞)) = 1).  The bound minimises the conjunct over
 the indices bound inside the iteration and the fixed-extent loops of the definition, so it is
 the same for every row of a tile (what a block-uniform loop needs).
@@ -27,7 +29,7 @@ from dataclasses import replace
 
 from pydantic import Field
 
-from ..ir import Aff, Cond, Const, Expr, Ext, Fold, Program, Reduce, Select, walk
+from ..ir import Aff, Bin, Cond, Const, Expr, Ext, Fold, Program, Reduce, Select, walk
 from . import register
 from .base import Facts, Rule, StepParams, const_extent, find_binder, replace_node
 
@@ -38,6 +40,16 @@ class SkipMaskedParams(StepParams):
 
 
 TILE_VAR = "_tile_offset"
+
+
+def _zero_guards(e: Expr) -> tuple[Cond, ...]:
+    """Conditions each of which, false, makes e exactly 0: a zero-guarded value's conditions and
+    those of any zero-guarded factor of a product."""
+    if isinstance(e, Select) and e.other == Const(0.0):
+        return e.conds + _zero_guards(e.then)
+    if isinstance(e, Bin) and e.op == "*":
+        return _zero_guards(e.a) + _zero_guards(e.b)
+    return ()
 
 
 def _guards(exprs: list[Expr]) -> list[tuple[Cond, ...]]:
@@ -54,7 +66,16 @@ class SkipMasked(Rule):
         d = self.get_def(prog, p.def_)
         self.require_index(d, p.index, "index")
         node = find_binder(d, p.index)
-        if isinstance(node, Reduce):
+        tile_sum = isinstance(node, Reduce) and node.op == "sum" and isinstance(node.body, Reduce) \
+            and node.body.op == "sum"
+        if tile_sum:
+            # a tiled sum: every term of the inner tile sum vanishes where a conjunct fails
+            inner = node.body
+            guard_sets = [tuple(c.subst(inner.var, Aff.of(TILE_VAR)) for c in _zero_guards(inner.body))]
+            if not guard_sets[0]:
+                raise self.fail(f"no term of the tile sum over {inner.var} is guarded")
+            inside = {TILE_VAR} | {x.var for x in walk(inner.body) if isinstance(x, Reduce)}
+        elif isinstance(node, Reduce):
             neutral = Const(0.0) if node.op == "sum" else Const(float("-inf"))
             if not isinstance(node.body, Select) or node.body.other != neutral:
                 raise self.fail(
@@ -78,6 +99,8 @@ class SkipMasked(Rule):
         if isinstance(node, Fold):
             tile = next(b for b in node.binds if b.dims and b.source == "")
             extents[TILE_VAR] = const_extent(prog, tile.dims[0][1])
+        if tile_sum:
+            extents[TILE_VAR] = const_extent(prog, node.body.ext)
         common = set(map(str, guard_sets[0]))
         for g in guard_sets[1:]:
             common &= set(map(str, g))

@@ -1,0 +1,406 @@
+"""Tensor-core mapping (mma.sync) of a tile sum over score tiles: the attention backward's dV, dK
+and dQ (FlashAttention-2's backward), read off the kernel IR and refused by name otherwise.
+
+The meaning this printer implements (names are the kernel IR's own):
+
+    stage R_t[r < BM, e < D] = [bound] ? R[.., BM*rt + r, .., e] : 0     (row tiles: 1 or more)
+    for it < EXT carrying (acc = 0):
+        stage C_t[r < BN, e < D] = [bound] ? C[.., BN*it + r, .., e] : 0  (column tiles, shared)
+        acc := acc + sum(c < BN @mma: [G] ? X_t[c, n] * A : 0)           (or A * X_t[c, n])
+    store Out[.., BM*rt + row, .., n] = acc   where [bound]
+
+where the lanes are (row @warp, n), X_t is a column tile (the accumulation's B operand, read at
+[c, n]: ldmatrix .trans) and A, the accumulation's A operand, is any element-wise expression of
+
+  - score sums  sum(e < D @mma: R_t[row, e] * C_t[c, e])  (either factor order): the score tile
+    of a row tile against a column tile, computed with mma.sync in the row-lane's order — the
+    tile is (rows x columns) in the accumulator layout, so it feeds the accumulation in registers
+    (dV / dK take rows = keys: Sᵀ = K·Qᵀ, as FlashAttention-2 does);
+  - reads of the kernel's inputs at indices of the row, the column, the tiles, the batch loops
+    and the sizes (LSE[b, h, col], Dsum[b, h, row]), each guarded by its tensor's bounds;
+  - constants, index values and guards ([G] and every Select: printed as C conditionals).
+
+A transposed use (a score read at [c, row], or a row-lane read of the accumulation's B) has no
+register form here and is refused by name, as is any other statement.  The tile range is the
+kernel IR's extent, narrowed for the block to the tiles the zero guards of A can reach (the
+iterations outside contribute 0: cexpr.first_tile_c and its upper twin `_end_tile_c`); a warp
+whose rows the guards mask for a whole tile skips its products.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from compiler.ir import Aff, Bin, Cond, Const, Expr, IndexValue, Read, Reduce, Select, Un, walk
+from compiler.machine import DTYPES
+from compiler.printer import show_expr
+
+from ..kir.grid import block_index_c
+from ..kir.ir import Kernel, Stage, TileLoop
+from ..source import KernelSource
+from .cexpr import _BINARY_C, aff_c, box_extremes, cond_c, conds_c, ext_c, first_tile_c, float_const_c, gt_c
+from .cexpr import index_value_c, read_c, size_names, unary_c
+from .common import bound_cond, grid_axes, launch_of, operand, refuse, staged
+from .ctx_common import DEFAULT_OPTIONS, ident, loop_block_var, source
+from .online_fold import _roles
+from .plan import Operand
+from .registry import Mapping, Printed, Variant, register
+
+NAME = "score_sum mma_sync"
+
+
+@dataclass(frozen=True)
+class Tile:
+    """A staged tile: its buffer, the operand it copies (roles: which dim holds its rows)."""
+
+    buf: str
+    op: Operand
+    rows: int
+    cols: int
+    level: str
+    rows_size: str  # the size its rows run over
+
+
+@dataclass(frozen=True)
+class Score:
+    """A score tile: sum over the head dim of row tile `row` times column tile `col`."""
+
+    sum: Reduce
+    row: int  # index into ScoreSumPlan.row_tiles
+    col: int  # index into ScoreSumPlan.col_tiles
+
+
+@dataclass(frozen=True)
+class ScoreSumPlan:
+    kernel_name: str
+    dtype: str
+    row_tiles: tuple[Tile, ...]
+    col_tiles: tuple[Tile, ...]
+    acc_tile: int          # the column tile read as the accumulation's B operand
+    scores: tuple[Score, ...]
+    block_m: int
+    block_n: int
+    head: int              # columns of every tile (the head dim)
+    warps: int
+    stages: int
+    out: Operand
+
+
+@dataclass(frozen=True)
+class _Match:
+    plan: ScoreSumPlan
+    k: Kernel
+    loop: TileLoop
+    value: Expr            # A, the accumulation's A operand (element-wise over row and column)
+    row: str               # the row lane
+    col: str               # the summed column index
+    rtile: str             # the grid loop of the row tiles
+    out_roles: tuple[str, ...]
+
+
+def _zero_guards(e: Expr) -> tuple[Cond, ...]:
+    """Conditions each of which, false, makes e exactly 0 (the guards of every contribution)."""
+    if isinstance(e, Select) and e.other == Const(0.0):
+        return e.conds + _zero_guards(e.then)
+    if isinstance(e, Bin) and e.op == "*":
+        return _zero_guards(e.a) + _zero_guards(e.b)
+    return ()
+
+
+def _tile(k: Kernel, st: Stage, tile_var: str, batch: set[str]) -> Tile:
+    conds, read = staged(st.value)
+    if len(st.buf.dims) != 2:
+        raise refuse(NAME, f"buffer {st.buf.name} is not a rows x head-dim tile")
+    (r, rows), (e, cols) = st.buf.dims
+    roles = _roles(read.idx, Aff.build({tile_var: rows, r: 1}), e, batch,
+                   f"buffer {st.buf.name} reading {read.tensor}", NAME)
+    op = operand(k, read.tensor, st.buf.level, NAME)
+    op = Operand(op.name, op.dims, op.dtype, op.level, roles)
+    seq = op.dims[roles.index("seq")]
+    for c in conds:
+        if bound_cond(c, (tile_var, rows), r) != seq:
+            raise refuse(NAME, f"buffer {st.buf.name}'s condition {c} is not the row bound < {seq}")
+    if k.fixed().get(op.dims[-1]) != cols:
+        raise refuse(NAME, f"buffer {st.buf.name} holds {cols} of {read.tensor}'s head dim {op.dims[-1]}, not all of it")
+    return Tile(st.buf.name, op, rows, cols, st.buf.level, seq)
+
+
+def _split_product(body: Expr, c: str, n: str, col_tiles: dict[str, int]) -> tuple[int, Expr]:
+    """(the column tile read at [c, n], the other factor A) of the accumulation's product."""
+    conds: tuple[Cond, ...] = ()
+    if isinstance(body, Select) and body.other == Const(0.0):
+        conds, body = body.conds, body.then
+    if not (isinstance(body, Bin) and body.op == "*"):
+        raise refuse(NAME, f"the accumulated value {show_expr(body)} is not a product with a staged tile")
+    want = (Aff.of(c), Aff.of(n))
+    for x, other in ((body.a, body.b), (body.b, body.a)):
+        if isinstance(x, Read) and x.tensor in col_tiles and x.idx == want:
+            return col_tiles[x.tensor], (Select(conds, other, Const(0.0)) if conds else other)
+    raise refuse(NAME, f"neither factor of {show_expr(body)} reads a column tile at [{c}, {n}] "
+                 "(the accumulation's B operand in its natural order)")
+
+
+def match(k: Kernel) -> _Match:
+    if not k.body or not isinstance(k.body[-1], TileLoop):
+        raise refuse(NAME, "the kernel is not [stage row tiles; one tile loop] (a tile sum)")
+    loop = k.body[-1]
+    pre = k.body[:-1]
+    if not pre or not all(isinstance(s, Stage) for s in pre):
+        raise refuse(NAME, "the kernel is not [stage row tiles; one tile loop] (a tile sum)")
+    if len(loop.state) != 1 or loop.state[0].init != Const(0.0):
+        raise refuse(NAME, "the tile loop does not carry one sum starting at 0")
+    st = loop.state[0]
+    upd = st.update
+    if not (isinstance(upd, Bin) and upd.op == "+" and upd.a == Read(st.name, ()) and isinstance(upd.b, Reduce)
+            and upd.b.op == "sum" and upd.b.mma is not None):
+        raise refuse(NAME, f"the update of {st.name} is not {st.name} + a tensor-core tile sum")
+    acc_sum = upd.b
+    if acc_sum.mma.instr != "mma_sync":
+        raise refuse(NAME, f"the tile sum is mapped to {acc_sum.mma.instr}")
+    if not all(isinstance(s, Stage) and s.buf.level == "shared" for s in loop.body):
+        raise refuse(NAME, "the tile loop's body must only stage column tiles in shared memory")
+    if len(k.lanes) != 2:
+        raise refuse(NAME, "the output tile must be rows x head-dim lanes")
+    row, n = k.lanes[0].var, k.lanes[1].var
+    rl = k.lanes[0]
+    warps = rl.mapping.count if rl.mapping and rl.mapping.level == "warp" and rl.mapping.count else 1
+    if k.store.value != Read(st.name, ()):
+        raise refuse(NAME, f"the stored value is not the sum {st.name}")
+    grid_vars = {g.var for g in k.grid}
+    sidx = k.store.index
+    rows_at = [p for p, a in enumerate(sidx) if a.coef(row) != 0]
+    if len(rows_at) != 1:
+        raise refuse(NAME, f"the output index does not hold the row lane {row} at one position")
+    rest = sidx[rows_at[0]] - Aff.of(row)
+    if sidx[rows_at[0]].coef(row) != 1 or rest.const or len(rest.terms) != 1 or rest.terms[0][0] not in grid_vars:
+        raise refuse(NAME, f"the output row index {sidx[rows_at[0]]} is not BM * row tile + {row}")
+    rtile, bm = rest.terms[0]
+    batch = grid_vars - {rtile}
+    out_roles = _roles(sidx, Aff.build({rtile: bm, row: 1}), n, batch, f"output {k.output.name}", NAME)
+    out = operand(k, k.output.name, "global", NAME)
+    out = Operand(out.name, out.dims, out.dtype, out.level, out_roles)
+    row_tiles = tuple(_tile(k, s, rtile, batch) for s in pre)
+    col_tiles = tuple(_tile(k, s, loop.var, batch) for s in loop.body)
+    bn = acc_sum.ext.const_value()
+    if any(t.rows != bm for t in row_tiles) or any(t.rows != bn for t in col_tiles):
+        raise refuse(NAME, f"row tiles must have {bm} rows and column tiles {bn}")
+    heads = {t.cols for t in row_tiles + col_tiles}
+    if len(heads) != 1 or k.lanes[1].extent != next(iter(heads)) or k.lanes[0].extent != bm:
+        raise refuse(NAME, f"every tile and the output tile must be {bm} x one head dim ({sorted(heads)})")
+    head = heads.pop()
+    col_index = {t.buf: i for i, t in enumerate(col_tiles)}
+    row_index = {t.buf: i for i, t in enumerate(row_tiles)}
+    acc_tile, value = _split_product(acc_sum.body, acc_sum.var, n, col_index)
+    c = acc_sum.var
+    scores = _scores(value, row, c, row_index, col_index, head, k)
+    _check_elementwise(value, k, {row, c, rtile, loop.var} | batch | set(dict(k.sizes)), n)
+    for cc in k.store.guard:
+        if bound_cond(cc, (rtile, bm), row) != out.dims[out_roles.index("seq")]:
+            raise refuse(NAME, f"store condition {cc} is not the row tail bound")
+    dtypes = {t.op.dtype for t in row_tiles + col_tiles}
+    if len(dtypes) != 1 or not DTYPES[next(iter(dtypes))].mma_operand:
+        raise refuse(NAME, f"the tiles must share one f16 / bf16 dtype, found {sorted(dtypes)}")
+    if not loop.ext.names() <= set(dict(k.sizes)) | {rtile} | batch:
+        raise refuse(NAME, f"the tile range {loop.var} < {loop.ext} depends on more than sizes and the block")
+    stages = max(s.buf.stages for s in loop.body)
+    plan = ScoreSumPlan(k.name, dtypes.pop(), row_tiles, col_tiles, acc_tile, scores, bm, bn, head, warps, stages, out)
+    return _Match(plan, k, loop, value, row, c, rtile, out_roles)
+
+
+def _scores(value: Expr, row: str, c: str, row_index: dict[str, int], col_index: dict[str, int],
+            head: int, k: Kernel) -> tuple[Score, ...]:
+    out: list[Score] = []
+    for x in walk(value):
+        if not isinstance(x, Reduce):
+            continue
+        if x.op != "sum" or x.mma is None or x.mma.instr != "mma_sync":
+            raise refuse(NAME, f"the reduction {show_expr(x)} in the accumulated value is not a tensor-core score sum")
+        if not x.ext.names() <= set(k.fixed()) or x.ext.evaluate(k.fixed()) != head:
+            raise refuse(NAME, f"the score sums {x.var} < {x.ext}, not the whole head dimension {head}")
+        b = x.body
+        e = Aff.of(x.var)
+        found = None
+        if isinstance(b, Bin) and b.op == "*" and isinstance(b.a, Read) and isinstance(b.b, Read):
+            for r, q in ((b.a, b.b), (b.b, b.a)):
+                if (r.tensor in row_index and r.idx == (Aff.of(row), e)
+                        and q.tensor in col_index and q.idx == (Aff.of(c), e)):
+                    found = Score(x, row_index[r.tensor], col_index[q.tensor])
+        if found is None:
+            raise refuse(NAME, f"the score {show_expr(x)} is not a row tile at [{row}, {x.var}] times a column tile "
+                         f"at [{c}, {x.var}] (a transposed score has no register form here)")
+        if all(s.sum != x for s in out):
+            out.append(found)
+    if not out:
+        raise refuse(NAME, "the accumulated value holds no tensor-core score sum")
+    return tuple(out)
+
+
+def _check_elementwise(value: Expr, k: Kernel, allowed: set[str], n: str) -> None:
+    inputs = {t.name for t in k.inputs}
+    scores = {id(y) for x in walk(value) if isinstance(x, Reduce) for y in walk(x.body)}
+    for x in walk(value):
+        if id(x) in scores:
+            continue
+        if not isinstance(x, (Const, Read, IndexValue, Bin, Un, Select, Reduce)):
+            raise refuse(NAME, f"{type(x).__name__} in the accumulated value has no element-wise form")
+        if isinstance(x, Bin) and x.op not in _BINARY_C and x.op not in ("max", "gt"):
+            raise refuse(NAME, f"operator {x.op} in the accumulated value has no element-wise form")
+        if isinstance(x, Read) and x.tensor not in inputs:
+            raise refuse(NAME, f"the accumulated value reads {x.tensor} outside a score: only kernel inputs")
+        affs = x.idx if isinstance(x, Read) else (x.aff,) if isinstance(x, IndexValue) else ()
+        if isinstance(x, Select):
+            affs = tuple(a for cc in x.conds for a in (cc.lhs, cc.rhs))
+        for a in affs:
+            if n in a.names():
+                raise refuse(NAME, f"the accumulated value depends on the output column {n}: it is no A operand")
+            if not a.names() <= allowed:
+                raise refuse(NAME, f"the accumulated value uses {sorted(a.names() - allowed)}: only the row, the "
+                             "column, the tiles, batch indices and sizes")
+
+
+def _end_tile_c(conds: tuple[Cond, ...], var: str, box: dict[str, tuple[str, str]], names: dict[str, str]) -> str | None:
+    """One past the last value of `var` at which every condition can hold in the box (None: no
+    condition bounds it from above).  slack = rhs - lhs = A + t*var with t < 0 holds somewhere iff
+    max(A) + t*var > b (b = 0 for <, -1 for <=): var <= floor((max(A) - b - 1) / -t)."""
+    ends = []
+    for c in conds:
+        slack = c.rhs - c.lhs
+        t = slack.coef(var)
+        if t >= 0:
+            continue
+        rest = Aff.build({v: a for v, a in slack.terms if v != var}, slack.const)
+        hi = dict(names)
+        for v, (lo, up) in box.items():
+            hi[v] = up if rest.coef(v) >= 0 else lo
+        num = f"((long long){aff_c(rest, hi)} - {1 if c.op == '<' else 0})"
+        u = -t
+        # floor(num / u) + 1 with C's truncating division
+        ends.append(f"(({num} >= 0 ? {num} / {u} : -((-{num} + {u - 1}) / {u})) + 1)")
+    if not ends:
+        return None
+    out = ends[0]
+    for e in ends[1:]:
+        out = f"min({out}, {e})"
+    return out
+
+
+def _stride(op: Operand, pos: int, fixed: dict[str, int]) -> str:
+    lit, names = 1, []
+    for d in op.dims[pos + 1:]:
+        if d in fixed:
+            lit *= fixed[d]
+        else:
+            names.append(f"sz_{d}")
+    return str(lit) if not names else "(long long)" + " * ".join(names + ([str(lit)] if lit != 1 else []))
+
+
+def _base(op: Operand, fixed: dict[str, int], tile: str) -> str:
+    """C pointer expression: the operand's batch offset plus `tile` rows."""
+    terms = [f"{loop_block_var(r)} * {_stride(op, i, fixed)}" for i, r in enumerate(op.roles) if r not in ("seq", "head")]
+    terms.append(f"(long long)({tile}) * {_stride(op, op.roles.index('seq'), fixed)}")
+    return " + ".join(terms)
+
+
+def context(m: _Match) -> dict:
+    p, k = m.plan, m.k
+    fixed = k.fixed()
+    sizes = size_names(k.sizes)
+    bidx = block_index_c([(g.var, ext_c(g.ext, sizes), g.axis) for g in k.grid])
+    batch = {g.var: loop_block_var(g.var) for g in k.grid if g.var != m.rtile}
+    ptr = {t.name: f"p_{ident(t.name)}" for t in k.tensors}
+    elem = DTYPES[p.dtype].bytes
+    threads = p.warps * 32
+    rows_w = p.block_m // p.warps
+    if rows_w * p.warps != p.block_m or rows_w % 16 or p.block_n % 16 or p.head % 16:
+        raise ValueError(f"rows per warp {p.block_m}/{p.warps}, column tile {p.block_n} and head dim {p.head} "
+                         "must be multiples of 16")
+    names = {**sizes, **batch, m.rtile: "rt", m.loop.var: "it", m.row: "er_", m.col: "ec_"}
+    score_of = {s.sum: f"sc{i}[mi][nt][e]" for i, s in enumerate(p.scores)}
+
+    def read(r: Read) -> str:
+        t = k.tensor(r.tensor)
+        return read_c(t.dims, r.idx, ptr[r.tensor], f"{t.dtype}_to_f32", names)
+
+    def val(e: Expr) -> str:
+        if isinstance(e, Reduce):
+            return score_of[e]
+        if isinstance(e, Select):
+            return f"({conds_c(e.conds, names)} ? {val(e.then)} : {val(e.other)})"
+        if isinstance(e, Const):
+            return float_const_c(float(e.value))
+        if isinstance(e, Read):
+            return read(e)
+        if isinstance(e, IndexValue):
+            return index_value_c(e.aff, names)
+        if isinstance(e, Bin):
+            a, b = val(e.a), val(e.b)
+            if e.op == "max":
+                return f"fmaxf({a}, {b})"
+            if e.op == "gt":
+                return gt_c(a, b)
+            return f"({a} {_BINARY_C[e.op]} {b})"
+        if isinstance(e, Un):
+            return unary_c(e.op, val(e.a))
+        raise ValueError(f"{type(e).__name__} has no element-wise form")
+
+    guards = tuple(c for c in _zero_guards(m.value) if m.loop.var in c.lhs.names() | c.rhs.names())
+    blk = {**sizes, **batch, m.rtile: "rt"}
+    box = {m.row: ("0", str(p.block_m - 1)), m.col: ("0", str(p.block_n - 1))}
+    begin = first_tile_c(guards, m.loop.var, box, blk)
+    end = f"(long long)({ext_c(m.loop.ext, blk)})"
+    upper = _end_tile_c(guards, m.loop.var, box, blk)
+    if upper is not None:
+        end = f"min({end}, {upper})"
+    # the tile range grows with the row tile (causal dQ): heaviest row tiles first, fewer idle SMs at the end
+    grows = any((c.rhs - c.lhs).coef(m.loop.var) < 0 and (c.rhs - c.lhs).coef(m.rtile) > 0 for c in guards)
+    rdim = next(g for g in k.grid if g.var == m.rtile)
+    rtile_expr = f"(int)({ext_c(rdim.ext, sizes)} - 1 - {bidx[m.rtile]})" if grows else f"(int){bidx[m.rtile]}"
+    warp_box = {m.row: ("(warp * %d)" % rows_w, "(warp * %d + %d)" % (rows_w, rows_w - 1)),
+                m.col: ("0", str(p.block_n - 1))}
+    wnames = {**blk, m.loop.var: "it"}
+    empty = " || ".join(box_extremes(c, warp_box, wnames)[1] for c in guards) if guards else None
+    params, arg_names = [], []
+    for t in k.tensors:
+        ct = DTYPES[t.dtype].ctype
+        params.append(f"{ct}* __restrict__ {ptr[t.name]}" if t.output else f"const {ct}* __restrict__ {ptr[t.name]}")
+        arg_names.append(t.name)
+    for d in k.dynamic():
+        params.append(f"int sz_{d}")
+        arg_names.append(d)
+    tile_bytes_r = p.block_m * p.head * elem
+    tile_bytes_c = p.block_n * p.head * elem
+    row_smem = len(p.row_tiles) * tile_bytes_r
+    col_smem = p.stages * len(p.col_tiles) * tile_bytes_c
+    out_seq = p.out.dims[p.out.roles.index("seq")]
+    return dict(
+        kname=ident(k.name), threads=threads, dt=p.dtype, out_dt=p.out.dtype, ct=p.dtype + "_t", elem=elem, vec=16 // elem,
+        D=p.head, BM=p.block_m, BN=p.block_n, ROWS_W=rows_w, MI=rows_w // 16, NT=p.block_n // 8,
+        KD=p.head // 16, KT2=p.block_n // 16, DT=p.head // 8, stages=p.stages, swizzle=True,
+        params=", ".join(params), _arg_names=tuple(arg_names),
+        batch_decls=[f"const long long {v} = {bidx[g]};" for g, v in batch.items()],
+        rtile_expr=rtile_expr,
+        row_tiles=[dict(ptr=ptr[t.op.name], base=_base(t.op, fixed, "rt * %d" % p.block_m), register=t.level == "register",
+                        lim=sizes[t.rows_size] + " - rt * %d" % p.block_m) for t in p.row_tiles],
+        col_tiles=[dict(ptr=ptr[t.op.name], base=_base(t.op, fixed, "0"), step=_stride(t.op, t.op.roles.index("seq"), fixed),
+                        lim=sizes[t.rows_size]) for t in p.col_tiles],
+        row_lds=[_stride(t.op, t.op.roles.index("seq"), fixed) for t in p.row_tiles],
+        scores=[dict(row=s.row, col=s.col) for s in p.scores], acc_tile=p.acc_tile,
+        value=val(m.value), begin_expr=begin, end_expr=end, warp_empty=empty,
+        out_ptr=ptr[p.out.name], out_base=_base(p.out, fixed, "rt * %d" % p.block_m),
+        out_ld=_stride(p.out, p.out.roles.index("seq"), fixed), out_lim=f"{sizes[out_seq]} - rt * {p.block_m}",
+        smem_bytes=row_smem + col_smem, col_smem_off=row_smem, tile_bytes_r=tile_bytes_r, tile_bytes_c=tile_bytes_c,
+        summary=(f"mma.sync tile sum {p.block_m}x{p.block_n} d{p.head}, warps {p.warps}, stages {p.stages}, "
+                 f"{len(p.scores)} score tile(s), row tiles {len(p.row_tiles)}, column tiles {len(p.col_tiles)}"),
+    )
+
+
+def render(k: Kernel, options: tuple[str, ...] = DEFAULT_OPTIONS) -> Printed:
+    m = match(k)
+    try:
+        ks: KernelSource = source("score_sum.cu.j2", context(m), options)
+    except ValueError as exc:
+        raise refuse(NAME, str(exc)) from None
+    promises = {"expect_mma": "mma_sync", "expect_async_copy": True, "forbid_spills": True}
+    return Printed("score_sum_mma_sync", k, m.plan, (Variant("kernel", ks, launch_of(k, ks)),), promises)
+
+
+register(Mapping("score_sum_mma_sync", "score_sum", "mma_sync", lambda k, o: render(k, o)))
