@@ -471,6 +471,8 @@ VALID_PARAMS = {
     "map_mma": {"def": "C", "index": "k"},
     "fuse_let": {"producer": "S", "def": "Y"},
     "cache_row": {"def": "Y", "tensor": "X"},
+    "recompute": {"def": "P"},
+    "softmax_rowterm": {"def": "dS", "probs": "P", "output": "O"},
 }
 
 
