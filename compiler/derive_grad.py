@@ -5,7 +5,7 @@
 1. GRAD (compiler/grad.py) differentiates IR₀; it is validated numerically against central
    finite differences of IR₀ (compiler/grad_check.py), not proved.
 2. `grad.schedule` rewrites G₀ like any schedule; every step is checked on all the gradients at
-   once (the program's `grad_outputs` fact).
+   once (the program's `also_outputs` fact, as a spec's further outputs).
 3. Each kernel is G read at one tensor: the definitions that tensor needs, where a tensor written
    by the forward build (its output) or by an earlier kernel is marked `computed_by` that step —
    the definition still gives the values every numeric check uses, and the kernel reads it.
