@@ -462,7 +462,8 @@ def _host_wgmma(printed: Printed, sizes: dict[str, int], ptrs: tuple[int, ...],
 def _register() -> None:
     register(Mapping("online_fold_mma_sync", "online_fold", "mma_sync", lambda k, o: _print(k, o, "mma_sync"),
                      prints_also=True))
-    register(Mapping("online_fold_wgmma", "online_fold", "wgmma", lambda k, o: _print(k, o, "wgmma"), _host_wgmma))
+    register(Mapping("online_fold_wgmma", "online_fold", "wgmma", lambda k, o: _print(k, o, "wgmma"), _host_wgmma,
+                     prints_also=True))
 
 
 _register()
