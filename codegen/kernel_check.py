@@ -68,7 +68,8 @@ def compare(got: np.ndarray, ref: np.ndarray, dtype: str) -> dict[str, Any]:
     # the spec's -inf (LSE of a row with no live key: log 0) must be -inf in the kernel too
     bad = (~np.isfinite(got) & finite_ref) | ((ref == -np.inf) & (got != -np.inf))
     top = float(np.abs(ref[finite_ref]).max()) if finite_ref.any() else 0.0
-    diff = np.abs(np.where(finite_ref & np.isfinite(got), got - ref, 0.0))
+    with np.errstate(invalid="ignore"):  # -inf - -inf where both are -inf (LSE of an empty row)
+        diff = np.abs(np.where(finite_ref & np.isfinite(got), got - ref, 0.0))
     worst = int(np.argmax(diff)) if diff.size else 0
     elem = (float(diff.flat[worst]) if diff.size else 0.0) / (top or 1.0)
     err = output_error(got, ref)

@@ -38,7 +38,7 @@ from itertools import combinations
 from pydantic import Field
 
 from ..ir import (
-    AlsoStore, Aff, Bin, Const, Def, Fold, Let, Program, Read, Reduce, Un, tail_fold, tensors_read,
+    AlsoStore, Aff, Bin, Const, Def, Expr, Fold, Let, Program, Read, Reduce, Un, tail_fold, tensors_read,
 )
 from . import register
 from .base import Facts, Rule, StepParams, drop_def, readers_of
@@ -66,6 +66,11 @@ def online_pair(fold: Fold) -> tuple[str, str] | None:
             and isinstance(lu.b, Reduce) and lu.b.op == "sum"):
         return None
     return m, l
+
+
+def stat_value(m: str, l: str) -> Expr:
+    """The statistic over the fold's final state: m + log(l)."""
+    return Bin("+", Read(m, ()), Un("log", Read(l, ())))
 
 
 def _keep(out: Def, stat: Def) -> list[tuple[int, ...]]:
@@ -113,7 +118,7 @@ class FoldStat(Rule):
     def rewrite(self, prog: Program, p: FoldStatParams, facts: Facts) -> Program:
         d, s = prog.def_named(p.def_), prog.def_named(p.stat)
         fold: Fold = facts["site"]
-        value = Bin("+", Read(facts["m"], ()), Un("log", Read(facts["l"], ())))
+        value = stat_value(facts["m"], facts["l"])
         new_fold = replace(fold, also=fold.also + (value,))
         body = _with_tail(d.body, new_fold)
         also = d.also + (AlsoStore(s.name, s.type, tuple(facts["keep"])),)
