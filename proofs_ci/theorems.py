@@ -28,6 +28,7 @@ RULE_THEOREMS: dict[str, tuple[str, ...]] = {
     "ONLINE_AGG": ("online_agg", "online_invariant", "online_agg_guard", "online_softmax"),
     "MASK": ("sumTo_guard_trunc",),
     "MAP_MMA": ("mma_tile",),
+    "FOLD_STAT": ("online_lse",),
 }
 
 # where a reader finds each rule's proofs (Coq file, Lean file), relative to the repo root
@@ -44,6 +45,7 @@ RULE_FILES: dict[str, tuple[str, str]] = {
     "ONLINE_AGG": ("proofs_ci/coq/Rules/OnlineAgg.v", "lean/Derivc/Rules/OnlineAgg.lean"),
     "MASK": ("proofs_ci/coq/Rules/Mask.v", "lean/Derivc/Rules/Mask.lean"),
     "MAP_MMA": ("proofs_ci/coq/Rules/MapMma.v", "lean/Derivc/Rules/MapMma.lean"),
+    "FOLD_STAT": ("proofs_ci/coq/Rules/OnlineLse.v", "lean/Derivc/Rules/OnlineLse.lean"),
 }
 
 # exp_ne_zero is a derived algebra fact (Algebra.v / Algebra.lean) used by SPLIT_SOFTMAX
