@@ -31,6 +31,7 @@ def with_lse(example: str, mask: str, schedule_tail: bool = True, name: str = "l
     text = (ROOT / "examples" / example).read_text()
     text = re.sub(r"^name: .*$", f"name: {name}", text, count=1, flags=re.M)
     text = text.replace("output: {tensor: O, dtype: f16}", LSE_STATEMENTS.replace("MASK", mask))
+    text = text.replace("  - {rule: fuse, producer: S}\n", "  - {rule: fuse, producer: S, def: O}\n", 1)
     if schedule_tail:
         text = text.rstrip("\n") + "\n  - {rule: fold_stat, def: O, stat: LSE}\n"
     return text

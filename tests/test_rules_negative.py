@@ -471,6 +471,7 @@ VALID_PARAMS = {
     "map_mma": {"def": "C", "index": "k"},
     "fuse_let": {"producer": "S", "def": "Y"},
     "cache_row": {"def": "Y", "tensor": "X"},
+    "fold_stat": {"def": "O", "stat": "LSE"},
 }
 
 

@@ -110,8 +110,14 @@ class FoldStat(Rule):
             dims = ", ".join(map(str, s.type.dims))
             why = "is not" if not ways else "is in more than one way"
             raise self.fail(f"{s.name}'s shape [{dims}] {why} {d.name}'s shape with dimensions left out")
-        # what only the statistic read (its row max) goes with it
-        removes = [x.name for x in prog.defs if x.name in tensors_read(s.body)]
+        # what only the statistic read (its row max, the scores) goes with it
+        reach, todo = set(), [s.name]
+        while todo:
+            for n in tensors_read(prog.def_named(todo.pop()).body):
+                if prog.has_def(n) and n not in reach:
+                    reach.add(n)
+                    todo.append(n)
+        removes = [x.name for x in prog.defs if x.name in reach]
         return {"site": fold, "m": pair[0], "l": pair[1], "keep": list(ways[0]), "removes": removes,
                 "value": f"{pair[0]} + log({pair[1]})"}
 
@@ -124,9 +130,12 @@ class FoldStat(Rule):
         also = d.also + (AlsoStore(s.name, s.type, tuple(facts["keep"])),)
         prog = drop_def(prog.with_def(replace(d, body=body, also=also)), s.name)
         outputs = {prog.output, *prog.also_outputs()}
-        for name in facts["removes"]:
-            if name not in outputs and prog.has_def(name) and not any(readers_of(prog, name)):
-                prog = drop_def(prog, name)
+        dropped = True
+        while dropped:  # readers first: a row max goes, then the scores only it read
+            dropped = False
+            for name in facts["removes"]:
+                if name not in outputs and prog.has_def(name) and not any(readers_of(prog, name)):
+                    prog, dropped = drop_def(prog, name), True
         return prog
 
 
