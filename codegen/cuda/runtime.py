@@ -160,7 +160,8 @@ class CompiledKernel:
         """The common call: torch tensors on the kernel's device, an output given or not,
         a shape seen before, no TMA maps.  None sends the call to the checking path."""
         wants = self._torch_wants
-        if wants is None or len(xs) != len(wants) or self._host is not None:
+        # further outputs (LSE): the checking path allocates and checks them
+        if wants is None or len(xs) != len(wants) or self._host is not None or self._also:
             return None
         ptrs, shapes = [], []
         dev = self.device
@@ -182,8 +183,6 @@ class CompiledKernel:
                   or out.shape != geo.out_shape or out.data_ptr() & 15):
                 return None
         except AttributeError:  # not torch tensors
-            return None
-        if self._also:  # further outputs: the checking path allocates and checks them
             return None
         launch = self.printed.variants[0].launch
         ptrs.append(out.data_ptr())
