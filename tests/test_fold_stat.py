@@ -164,15 +164,23 @@ def test_kernel_text_writes_minus_inf_for_a_row_without_keys(tmp_path):
     assert np.allclose(lse[0, 0, 1:], want[0, 0, 1:], rtol=1e-5, atol=1e-5)
 
 
-def test_simt_refuses_a_second_output_by_name(tmp_path):
-    from compiler.cli import build_to
+def test_simt_prints_both_outputs_and_a_mapping_without_them_refuses_by_name(tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    from codegen.kir.lower import UnsupportedMapping, lower
+    from codegen.mappings import REGISTRY, print_kernel
 
     text = with_lse("flash_attention_d64.yaml", "j <= i")
     text = "\n".join(ln for ln in text.splitlines() if "rule: map_mma" not in ln) + "\n"
-    f = tmp_path / "simt.yaml"
-    f.write_text(text)
-    with pytest.raises(Exception, match=r"simt: does not print the kernel's further outputs \(LSE\)"):
-        build_to(f, tmp_path / "simt", proofs=False)
+    text = text.replace("check_sizes: {B: 1, H: 2, N: 150}", "check_sizes: {B: 1, H: 1, N: 20}")
+    out = _build(tmp_path, text, "simt")
+    assert json.loads((out / "plan.json").read_text())["mapping"] == "simt"
+    assert all(d["outputs"]["LSE"]["passed"] for d in _kernel_draws(out))
+    kernel = lower(derive(parse_spec_text(text), check=False).final, "simt")
+    for key, m in list(REGISTRY.items()):
+        monkeypatch.setitem(REGISTRY, key, replace(m, prints_also=False))
+    with pytest.raises(UnsupportedMapping, match=r"simt: does not print the kernel's further outputs \(LSE\)"):
+        print_kernel(kernel, ())
 
 
 def test_the_backward_reads_the_forwards_lse(tmp_path):
