@@ -13,3 +13,6 @@ import Derivc.Rules.OnlineAgg
 import Derivc.Rules.OnlineLse
 import Derivc.Rules.MapMma
 import Derivc.Tactics
+import Derivc.Rules.Recompute
+import Derivc.Rules.SoftmaxBwd
+import Derivc.Rules.SoftmaxVjp

@@ -27,8 +27,9 @@ out (one way only).  That `stat` is the log-sum-exp of the fold's scores under t
 is what the step's numeric check compares (every output, on every draw, −∞ rows exactly);
 structurally it is not matched.
 Theorem: online_lse (lean/Derivc/Rules/OnlineLse.lean, proofs_ci/coq/Rules/OnlineLse.v): the
-fold's final m + log l is log Σ exp of the live scores.  Needs `log` in the algebra
-(log (exp a · b) = a + log b); no per-step obligation is exported yet.
+fold's final m + log l is log Σ exp of the live scores (log of the algebra's KAlgLog), and a row
+with no live key ends at (−∞, 0).  The per-step obligation proves the definition's own value
+unchanged; the statistic is not instantiated per step (validated numerically).
 """
 from __future__ import annotations
 

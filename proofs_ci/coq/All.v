@@ -14,3 +14,6 @@ Require Export Derivc.Rules.OnlineAgg.
 Require Export Derivc.Rules.OnlineLse.
 Require Export Derivc.Rules.MapMma.
 Require Export Derivc.Tactics.
+Require Export Derivc.Rules.Recompute.
+Require Export Derivc.Rules.SoftmaxBwd.
+Require Export Derivc.Rules.SoftmaxVjp.
