@@ -138,6 +138,7 @@ def _check_flow(path: Path, m: GradManifest, forward: Kernel) -> None:
     """Names against the forward build, and every kernel input available before its kernel."""
     fwd_inputs = tuple(t.name for t in forward.inputs)
     fwd_output = forward.output.name
+    fwd_outputs = tuple(t.name for t in forward.outputs)  # the output, then further outputs (LSE)
     if m.of != fwd_output:
         raise _fail(path, "of", f"{m.of} is not the forward build's output ({fwd_output})")
     if m.seed in fwd_inputs or m.seed == fwd_output:
@@ -146,22 +147,23 @@ def _check_flow(path: Path, m: GradManifest, forward: Kernel) -> None:
         if x not in fwd_inputs:
             raise _fail(path, "wrt", f"{x} is not an input of the forward build ({', '.join(fwd_inputs)})")
     for s in m.saved:
-        if s != fwd_output:
-            raise _fail(path, "saved", f"{s} is not an output of the forward build ({fwd_output})")
+        if s not in fwd_outputs:
+            raise _fail(path, "saved", f"{s} is not an output of the forward build ({', '.join(fwd_outputs)})")
     produced: dict[str, int] = {}
     names = [k.name for k in m.kernels]
     for i, k in enumerate(m.kernels):
         if k.name in names[:i]:
             raise _fail(path, f"kernel {k.name}", "a second kernel of that name")
-        if k.output in (*fwd_inputs, fwd_output, m.seed) or k.output in produced:
+        if k.output in (*fwd_inputs, *fwd_outputs, m.seed) or k.output in produced:
             raise _fail(path, f"kernel {k.name}.output", f"{k.output} is already a tensor of the build")
         produced[k.output] = i
     for i, k in enumerate(m.kernels):
         for x in k.inputs:
             if x in fwd_inputs or x == m.seed or x in m.saved:
                 continue
-            if x == fwd_output:
-                raise _fail(path, f"kernel {k.name}.inputs", f"{x} is the forward output but not listed in saved")
+            if x in fwd_outputs:
+                what = "the forward output" if x == fwd_output else "a forward output"
+                raise _fail(path, f"kernel {k.name}.inputs", f"{x} is {what} but not listed in saved")
             j = produced.get(x)
             if j is None:
                 raise _fail(path, f"kernel {k.name}.inputs",
@@ -198,7 +200,8 @@ def check_kernel(path: Path, m: GradManifest, entry: GradKernel, kernel: Kernel,
         raise _fail(path, where, f"the kernel's output {out.name} is {out.dtype} [{', '.join(_dims(out))}], the "
                     f"manifest says {entry.dtype} [{', '.join(entry.shape)}]")
     sources = {t.name: (t.dtype, _dims(t)) for t in forward.inputs}
-    sources[m.of] = (forward.output.dtype, _dims(forward.output))
+    for t in forward.outputs:  # the output and the further ones (LSE)
+        sources[t.name] = (t.dtype, _dims(t))
     sources[m.seed] = sources[m.of]
     for k in m.kernels:
         sources[k.output] = (k.dtype, k.shape)

@@ -33,7 +33,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from compiler.interp import rel_error, run_program
+from compiler.derive import checked_outputs, output_error
+from compiler.interp import run_program
 from compiler.kernel_view import kernel_view
 from compiler.ir import Program
 
@@ -64,12 +65,14 @@ def compare(got: np.ndarray, ref: np.ndarray, dtype: str) -> dict[str, Any]:
     """The draw's verdict: norm error, worst element, and where the output is not finite."""
     tol = TOLERANCE[dtype]
     finite_ref = np.isfinite(ref)
-    bad = ~np.isfinite(got) & finite_ref
+    # the spec's -inf (LSE of a row with no live key: log 0) must be -inf in the kernel too
+    bad = (~np.isfinite(got) & finite_ref) | ((ref == -np.inf) & (got != -np.inf))
     top = float(np.abs(ref[finite_ref]).max()) if finite_ref.any() else 0.0
-    diff = np.abs(np.where(finite_ref & np.isfinite(got), got - ref, 0.0))
+    with np.errstate(invalid="ignore"):  # -inf - -inf where both are -inf (LSE of an empty row)
+        diff = np.abs(np.where(finite_ref & np.isfinite(got), got - ref, 0.0))
     worst = int(np.argmax(diff)) if diff.size else 0
     elem = (float(diff.flat[worst]) if diff.size else 0.0) / (top or 1.0)
-    err = rel_error(got, ref)
+    err = output_error(got, ref)
     passed = (not bad.any()) and err <= tol and elem <= ELEMENT_FACTOR * tol
     record = {"rel_error": err if math.isfinite(err) else "inf", "max_elem_error": elem,
               "nonfinite": int(bad.sum()), "passed": bool(passed)}
@@ -146,7 +149,6 @@ def _run_draw(printed: Printed, program: Program, draw: Draw, vs: dict[str, int]
               forced: int | None, runner: Runner) -> dict[str, Any]:
     from .emu import EmuError, VariantUnavailable, from_storage, to_storage
 
-    out_t = program.tensor_type(program.output)
     rng = np.random.default_rng(draw_seed)
     exact = {}
     for name, t in program.inputs:
@@ -160,7 +162,11 @@ def _run_draw(printed: Printed, program: Program, draw: Draw, vs: dict[str, int]
             if d.computed_by:
                 exact[d.name] = from_storage(to_storage(tensors[d.name], d.type.dtype), d.type.dtype).astype(np.float64)
         program = kernel_view(program)
-    ref = run_program(program, vs, exact)[program.output]
+    tensors = run_program(program, vs, exact)
+    names = [t.name for t in printed.kernel.outputs]
+    if set(names) != set(checked_outputs(program)):
+        raise KernelCheckError(f"the kernel writes {', '.join(names)}, the program's outputs are "
+                               f"{', '.join(checked_outputs(program))}")
     args = [exact[t.name] for t in printed.kernel.inputs]
     # the host hook picks a TMA kernel (a later variant) whenever sizes and pointers allow it, and
     # run_printed refuses a variant the host would not pick: the first one that runs is the host's
@@ -179,17 +185,26 @@ def _run_draw(printed: Printed, program: Program, draw: Draw, vs: dict[str, int]
     if variant is None:
         raise KernelCheckError(f"no kernel variant runs at {_sizes(vs)}: {last}")
     stem = printed.variants[variant].stem
-    verdict = compare(np.asarray(got, dtype=np.float64), ref, out_t.dtype)
-    if not verdict["passed"]:
-        where = ""
-        if "first_bad_index" in verdict:
-            where = f"; {program.output}{verdict['first_bad_index']} = {verdict['got']}, expected {verdict['want']}"
-        raise KernelCheckError(
-            f"{stem}.cu on the CPU disagrees with the spec, draw {draw.name} (seed {draw_seed}) at {_sizes(vs)}: "
-            f"relative error {verdict['rel_error']}, worst element {verdict['max_elem_error']:.3g} of max|ref| "
-            f"(tolerance {TOLERANCE[out_t.dtype]:.0e}){where}")
-    return {"variant": stem, "variant_index": variant, "draw": draw.name, "scale": draw.scale,
-            "order": draw.order, "seed": draw_seed, "sizes": vs, "tolerance": TOLERANCE[out_t.dtype], **verdict}
+    got_all = got if isinstance(got, tuple) else (got,)
+    verdicts = {}
+    for name, out in zip(names, got_all):  # every output of the kernel against the spec
+        dtype = program.tensor_type(name).dtype
+        verdict = verdicts[name] = compare(np.asarray(out, dtype=np.float64), tensors[name], dtype)
+        if not verdict["passed"]:
+            where = ""
+            if "first_bad_index" in verdict:
+                where = f"; {name}{verdict['first_bad_index']} = {verdict['got']}, expected {verdict['want']}"
+            raise KernelCheckError(
+                f"{stem}.cu on the CPU disagrees with the spec, draw {draw.name} (seed {draw_seed}) at {_sizes(vs)}: "
+                f"{name}: relative error {verdict['rel_error']}, worst element {verdict['max_elem_error']:.3g} of "
+                f"max|ref| (tolerance {TOLERANCE[dtype]:.0e}){where}")
+    main = verdicts[names[0]]
+    record = {"variant": stem, "variant_index": variant, "draw": draw.name, "scale": draw.scale,
+              "order": draw.order, "seed": draw_seed, "sizes": vs,
+              "tolerance": TOLERANCE[program.tensor_type(names[0]).dtype], **main}
+    if len(names) > 1:
+        record["outputs"] = verdicts
+    return record
 
 
 def _sizes(s: dict[str, int]) -> str:

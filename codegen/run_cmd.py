@@ -43,22 +43,30 @@ def check_kernel(kernel: Any, program: Any, sizes: dict[str, int], seed: int = 0
     with a NaN-poisoned output and compare with IR₀ in float64 on the same (rounded) inputs."""
     import torch
 
-    from compiler.interp import rel_error, run_program
+    from compiler.derive import checked_outputs, output_error
+    from compiler.interp import run_program
 
     sizes = {**{n: v for n, v in program.sizes if v is not None}, **sizes}
     xs = random_inputs_torch(program, sizes, seed, scale)
-    out_type = program.tensor_type(program.output)
-    shape = tuple(a.evaluate(sizes) for a in out_type.dims)
-    out = torch.full(shape, float("nan"), device="cuda", dtype=getattr(torch, _TORCH[out_type.dtype]))
+    names = checked_outputs(program)  # the output, then the further ones (LSE): each compared
+    outs = []
+    for name in names:
+        t = program.tensor_type(name)
+        shape = tuple(a.evaluate(sizes) for a in t.dims)
+        outs.append(torch.full(shape, float("nan"), device="cuda", dtype=getattr(torch, _TORCH[t.dtype])))
     order = list(kernel.inputs)
-    kernel(*[xs[n] for n in order], out=out)
+    kernel(*[xs[n] for n in order], out=outs[0] if len(outs) == 1 else tuple(outs))
     torch.cuda.synchronize()
-    ref = run_program(program, sizes, {n: x.double().cpu().numpy() for n, x in xs.items()})[program.output]
-    got = out.double().cpu().numpy()
-    err = rel_error(got, ref)
-    tol = TOLERANCE[out_type.dtype]
-    return {"sizes": sizes, "rel_error": err, "tolerance": tol, "passed": bool(err <= tol),
-            "nan": bool(np.isnan(got).any())}
+    tensors = run_program(program, sizes, {n: x.double().cpu().numpy() for n, x in xs.items()})
+    result: dict[str, Any] = {"sizes": sizes, "outputs": {}}
+    for name, out in zip(names, outs):
+        got = out.double().cpu().numpy()
+        err, tol = output_error(got, tensors[name]), TOLERANCE[program.tensor_type(name).dtype]
+        result["outputs"][name] = {"rel_error": err, "tolerance": tol, "passed": bool(err <= tol)}
+        if name == program.output:
+            result.update(rel_error=err, tolerance=tol, nan=bool(np.isnan(got).any()))
+    result["passed"] = all(r["passed"] for r in result["outputs"].values())
+    return result
 
 
 def main(args: argparse.Namespace) -> int:

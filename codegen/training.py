@@ -94,15 +94,22 @@ class Training:
 
     def forward(self, **inputs: Any) -> Any:
         """The forward output; inputs by name (and a size no input's shape gives, by name)."""
+        return self._forward_all(inputs)[0]
+
+    def _forward_all(self, inputs: Mapping[str, Any]) -> tuple[Any, ...]:
+        """Every forward output, the main one first (then the further ones, e.g. LSE)."""
         xs, given = self._split(inputs)
-        return self._forward(*xs, **given)
+        outs = self._forward(*xs, **given)
+        return outs if isinstance(outs, tuple) else (outs,)
 
     def forward_with_saved(self, **inputs: Any) -> tuple[Any, dict[str, Any]]:
-        """(output, saved): saved holds the forward inputs and the forward outputs the backward reads."""
-        out = self.forward(**inputs)
+        """(output, saved): saved holds the forward inputs and the forward outputs the backward
+        reads (the output, a statistic the forward wrote beside it such as LSE)."""
+        outs = self._forward_all(inputs)
+        by_name = dict(zip((t.name for t in self.forward_build.printed.kernel.outputs), outs))
         saved = {n: inputs[n] for n in self.inputs}
-        saved.update({s: out for s in self.manifest.saved})
-        return out, saved
+        saved.update({s: by_name[s] for s in self.manifest.saved})
+        return outs[0], saved
 
     def backward(self, saved: Mapping[str, Any], seed: Any, **sizes: int) -> dict[str, Any]:
         """{input: gradient} for the manifest's wrt inputs, from forward_with_saved's `saved` and

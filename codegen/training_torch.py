@@ -34,15 +34,19 @@ def register_training_op(t: "Training") -> Callable[..., Any]:
     backward_ops = tuple(_kernel_op(torch, f"derivc::{t.name}__{e.name}", b, run)
                          for e, b, run in zip(m.kernels, t.backward_builds, t._backward))
     n_inputs = len(t.inputs)
+    out_names = tuple(o.name for o in t.forward_build.printed.kernel.outputs)  # O, then LSE, …
 
     def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
-        ctx.save_for_backward(*inputs, *([output] if m.saved else []))
+        outs = output if isinstance(output, tuple) else (output,)
+        if len(outs) > 1:  # a statistic the forward writes for the backward (LSE): no gradient
+            ctx.mark_non_differentiable(*outs[1:])
+        by_name = dict(zip(out_names, outs))
+        ctx.save_for_backward(*inputs, *(by_name[s] for s in m.saved))
 
-    def backward(ctx: Any, grad: Any) -> Any:
+    def backward(ctx: Any, grad: Any, *_statistics: Any) -> Any:
         saved = ctx.saved_tensors
         env = dict(zip(t.inputs, saved[:n_inputs]))
-        if m.saved:
-            env[m.of] = saved[n_inputs]
+        env.update(zip(m.saved, saved[n_inputs:]))
         env[m.seed] = grad.contiguous()
         for entry, build, op in zip(m.kernels, t.backward_builds, backward_ops):
             env[entry.output] = op(*(env[n] for n in build.inputs))
@@ -50,17 +54,27 @@ def register_training_op(t: "Training") -> Callable[..., Any]:
         return tuple(env[grads[x]] if x in grads else None for x in t.inputs)
 
     forward.register_autograd(backward, setup_context=setup_context)
-    return forward
+    if len(out_names) == 1:
+        return forward
+
+    def output_only(*xs: Any) -> Any:
+        """The forward output (the op returns the further outputs too, for the backward)."""
+        return forward(*xs)[0]
+
+    output_only.op = forward  # type: ignore[attr-defined]
+    return output_only
 
 
 def _kernel_op(torch: Any, qualname: str, build: LoadedBuild, run: Callable[..., Any]) -> Any:
-    """One kernel as a custom op: (its inputs, by name) -> its output; fake: shape and dtype."""
+    """One kernel as a custom op: (its inputs, by name) -> its output (a tuple: its outputs, for a
+    forward that writes LSE beside O); fake: shapes and dtypes."""
     kernel = build.printed.kernel
     names = tuple(t.name for t in kernel.inputs)
     fixed = kernel.fixed()
-    out = kernel.output
-    out_dtype = getattr(torch, DTYPES[out.dtype].torch)
-    schema = f"({', '.join(f'Tensor {n}' for n in names)}) -> Tensor"
+    outs = kernel.outputs
+    out_dtypes = tuple(getattr(torch, DTYPES[o.dtype].torch) for o in outs)
+    result = "Tensor" if len(outs) == 1 else "(" + ", ".join("Tensor" for _ in outs) + ")"
+    schema = f"({', '.join(f'Tensor {n}' for n in names)}) -> {result}"
 
     def impl(*xs: Any) -> Any:
         return run(*xs)
@@ -71,7 +85,9 @@ def _kernel_op(torch: Any, qualname: str, build: LoadedBuild, run: Callable[...,
             for a, n in zip(t.dims, x.shape):
                 if len(a.terms) == 1 and a.terms[0][1] == 1 and not a.const:
                     sizes.setdefault(a.terms[0][0], n)
-        return xs[0].new_empty(tuple(a.evaluate(sizes) for a in out.dims), dtype=out_dtype)
+        made = tuple(xs[0].new_empty(tuple(a.evaluate(sizes) for a in o.dims), dtype=dt)
+                     for o, dt in zip(outs, out_dtypes))
+        return made[0] if len(made) == 1 else made
 
     op = torch.library.custom_op(qualname, impl, mutates_args=(), device_types="cuda", schema=schema)
     op.register_fake(fake)

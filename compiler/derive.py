@@ -182,7 +182,7 @@ def _check_draw(rule: str, ir0: Program, new: Program, plan: DrawPlan, draw: Dra
     what = draw.kind if draw.kind != "large" else f"large (inputs x {draw.scale:.4g})"
     outputs = checked_outputs(ir0)
     for name in outputs:
-        if not np.all(np.isfinite(tensors[name])):
+        if not np.all(np.isfinite(tensors[name]) | (tensors[name] == -np.inf)):  # -inf: log 0
             raise DerivationError(
                 rule, f"numeric check: the spec program gives non-finite values of {name} at sizes {shown} "
                       f"({what} draw, seed {seed})")
@@ -200,7 +200,7 @@ def _check_draw(rule: str, ir0: Program, new: Program, plan: DrawPlan, draw: Dra
     err = 0.0
     for name in outputs:
         out, ref = got.get(name, np.full((), np.nan)), tensors[name]
-        e = rel_error(out, ref)
+        e = output_error(out, ref)
         if not e <= TOLERANCE:
             bad = int(np.sum(~np.isfinite(out))) if out.shape == ref.shape else 0
             why = (f"{bad} NaN / inf values where the spec is finite" if bad
@@ -211,10 +211,21 @@ def _check_draw(rule: str, ir0: Program, new: Program, plan: DrawPlan, draw: Dra
     return draw.record(err, plan.sizes, score, plan.masked_rows_of(draw))
 
 
+def output_error(out: np.ndarray, ref: np.ndarray) -> float:
+    """`rel_error`, where the spec's -inf (the log of an empty sum: LSE of a row with no live
+    key) must be matched exactly and the finite rest is compared."""
+    ninf = ref == -np.inf
+    if not ninf.any():
+        return rel_error(out, ref)
+    if out.shape != ref.shape or not np.array_equal(out[ninf], ref[ninf]):
+        return float("inf")
+    return rel_error(np.where(ninf, 0.0, out), np.where(ninf, 0.0, ref))
+
+
 def checked_outputs(prog: Program) -> tuple[str, ...]:
-    """The tensors a step must preserve: the output, and a gradient program's other gradients."""
-    also = dict(prog.facts).get("grad_outputs", "")
-    return (prog.output,) + tuple(n for n in also.split(",") if n and n != prog.output)
+    """The tensors a step must preserve: the output and the program's further outputs (a spec's
+    `output.also`, a gradient program's other gradients)."""
+    return (prog.output,) + prog.also_outputs()
 
 
 def _exc_text(exc: BaseException) -> str:

@@ -5,7 +5,7 @@
 1. GRAD (compiler/grad.py) differentiates IR₀; it is validated numerically against central
    finite differences of IR₀ (compiler/grad_check.py), not proved.
 2. `grad.schedule` rewrites G₀ like any schedule; every step is checked on all the gradients at
-   once (the program's `grad_outputs` fact).
+   once (the program's `also_outputs` fact, as a spec's further outputs).
 3. Each kernel is G read at one tensor: the definitions that tensor needs, where a tensor written
    by the forward build (its output) or by an earlier kernel is marked `computed_by` that step —
    the definition still gives the values every numeric check uses, and the kernel reads it.
@@ -124,8 +124,10 @@ def derive_gradient(spec: SpecFile, file: str = "", *, seed: int | None = None, 
                              "rel_error": max(max(r["rel_error"].values()) for r in draws)}
     with _part("grad.schedule"):
         shared = derive_program(spec, gradient.program, decl.schedule, file, seed=base + 1000, check=check)
+    if check:
+        record["saved"] = check_saved(ir0, shared.final, gradient.seed, plan, base, file)
     kernels: list[Derivation] = []
-    available = {spec.output.tensor: FORWARD}
+    available = forward_outputs(spec)
     for k, kd in enumerate(decl.kernels):
         where = f"grad.kernels[{k}].output"
         prog = cut_kernel(shared.final, kd.output, available, file, where)
@@ -142,6 +144,39 @@ def derive_gradient(spec: SpecFile, file: str = "", *, seed: int | None = None, 
         raise SpecError("grad.kernels", f"no kernel writes {', '.join(missing)} (each gradient needs one: "
                                         f"add {{output: {missing[0]}, schedule: [...]}})", file)
     return GradDerivation(spec, file, gradient, record, shared, kernels)
+
+
+def forward_outputs(spec: SpecFile) -> dict[str, str]:
+    """The tensors the forward build writes (its output and further outputs, e.g. LSE): the
+    backward kernels read them as arguments."""
+    return {name: FORWARD for name in spec.output.tensors()}
+
+
+def check_saved(ir0: Program, grad: Program, seed_tensor: str, plan: Any, base: int, file: str = "") -> list[dict[str, Any]]:
+    """A further forward output the gradient program defines again under its name (RECOMPUTE's
+    LSE) is read from the forward by the backward kernels: its two definitions must agree.
+    Compared in float64 on the plan's draws (-inf rows exactly), relative error <= 1e-12."""
+    import numpy as np
+
+    from .derive import TOLERANCE, output_error
+    from .interp import run_program
+
+    names = [n for n in ir0.also_outputs() if grad.has_def(n)]
+    records: list[dict[str, Any]] = []
+    for draw in plan.draws(base + 500) if names else ():
+        inputs = draw.inputs(ir0)
+        fwd = run_program(ir0, draw.sizes, inputs)
+        seed = np.random.default_rng(draw.seed).standard_normal(fwd[ir0.output].shape)
+        with np.errstate(all="ignore"):
+            back = run_program(grad, draw.sizes, {**inputs, seed_tensor: seed})
+        for n in names:
+            err = output_error(back[n], fwd[n])
+            if not err <= TOLERANCE:
+                raise DerivationError(RULE, f"the forward writes {n} and the backward reads it, but the gradient "
+                                            f"program's {n} differs from the forward's (relative error {err:.3g}, "
+                                            f"{draw.kind} draw, seed {draw.seed})", 0, file)
+            records.append({"tensor": n, "draw": draw.kind, "seed": draw.seed, "rel_error": err})
+    return records
 
 
 @contextmanager
@@ -167,7 +202,7 @@ def kernel_program(spec: SpecFile, kernel: str, file: str = "") -> Program:
     prog = gradient.program
     for k, step in enumerate(decl.schedule, start=1):
         prog = apply_step(prog, k, step.rule, step.params(), file)[3]
-    available = {spec.output.tensor: FORWARD}
+    available = forward_outputs(spec)
     for kd in decl.kernels:
         if kd.output == kernel:
             return cut_kernel(prog, kernel, available, file)

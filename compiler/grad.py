@@ -345,7 +345,7 @@ def differentiate(prog: Program, of: str, wrt: Sequence[str], seed: str,
     program = Program(
         sizes=prog.sizes, inputs=prog.inputs + ((seed, of_type),), defs=tuple(defs),
         output=grad_defs[0].name,
-        facts=(("grad_of", of), ("grad_outputs", ",".join(d.name for d in grad_defs))),
+        facts=(("grad_of", of), ("also_outputs", ",".join(d.name for d in grad_defs))),
     )
     return Gradient(program, of, seed, tuple((x, grad_names[x]) for x in wrt))
 

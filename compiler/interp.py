@@ -26,7 +26,7 @@ from typing import Mapping
 import numpy as np
 
 from .ir import (
-    Aff, Bin, Binding, Cond, Const, Def, Expr, Ext, Fold, IndexValue, Let, Program, Read, Reduce,
+    Aff, Bin, Binding, Cond, Const, Def, Expr, Ext, Fold, IndexValue, Let, Program, Read, Reduce, also_def,
     Select, Softmax, Un,
 )
 
@@ -571,6 +571,8 @@ def run_program(
     tensors: dict[str, np.ndarray] = {k: np.asarray(v, dtype=np.float64) for k, v in inputs.items()}
     for d in p.defs:
         tensors[d.name] = run_def(d, sizes, tensors, contract=contract)
+        for n, a in enumerate(d.also):  # further outputs: the tail fold's further results
+            tensors[a.name] = run_def(also_def(d, n), sizes, tensors, contract=contract)
     return tensors
 
 

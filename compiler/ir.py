@@ -290,6 +290,9 @@ class Fold:
     binds: tuple[Binding, ...]
     update: tuple["Expr", ...]
     result: "Expr"
+    # further results over the same final state, one per `AlsoStore` of the enclosing
+    # definition (FOLD-STAT: the row statistic m + log(l) beside acc / l)
+    also: tuple["Expr", ...] = ()
 
 
 Expr = Union[Const, Read, IndexValue, Bin, Un, Reduce, Select, Softmax, Let, Fold]
@@ -321,6 +324,20 @@ class TensorType:
 
 
 @dataclass(frozen=True)
+class AlsoStore:
+    """A second tensor a definition writes (FOLD-STAT): name[store[k] for k in keep] =
+    v_n for every point of the definition's nest where its guards hold and store[k] == 0 for
+    every position k not kept (written once per kept index: the lanes at d == 0), where v_n is
+    the definition's body with its tail fold's `result` replaced by the fold's `also[n]`
+    (n: this store's position in `Def.also`).  Expressed through the definition's own store
+    index, so the loop renames of later rules (TILE) carry it along."""
+
+    name: str
+    type: TensorType
+    keep: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Def:
     """name[store] = body for every point of the loop nest where all guards hold."""
 
@@ -334,6 +351,32 @@ class Def:
     # "" : computed by this program's kernel; otherwise the build step that writes the tensor
     # ("forward", "kernel LSE"): the definition still gives its meaning, the kernel reads it.
     computed_by: str = ""
+    also: tuple[AlsoStore, ...] = ()  # further tensors written from the tail fold's final state
+
+
+def tail_fold(e: "Expr") -> "Fold | None":
+    """The fold a body ends in: the body itself or the body of Lets around it."""
+    while isinstance(e, Let):
+        e = e.body
+    return e if isinstance(e, Fold) else None
+
+
+def also_def(d: Def, n: int) -> Def:
+    """The definition that writes d's n-th further output, as a plain definition (its meaning)."""
+    fold = tail_fold(d.body)
+    a = d.also[n]
+    if fold is None or len(fold.also) != len(d.also):
+        raise ValueError(f"def {d.name} writes {len(d.also)} further outputs, its body's tail fold has "
+                         f"{0 if fold is None else len(fold.also)} further results")
+    body = _replace_tail(d.body, replace(fold, result=fold.also[n], also=()))
+    guard = d.guard + tuple(Cond(d.store[k], "<=", Aff.lit(0)) for k in range(len(d.store)) if k not in a.keep)
+    return Def(a.name, a.type, d.loops, tuple(d.store[k] for k in a.keep), body, guard, d.level)
+
+
+def _replace_tail(e: "Expr", fold: "Fold") -> "Expr":
+    if isinstance(e, Let):
+        return Let(e.bind, _replace_tail(e.body, fold))
+    return fold
 
 
 @dataclass(frozen=True)
@@ -356,6 +399,13 @@ class Program:
                 return d
         raise KeyError(name)
 
+    def writer_of(self, name: str) -> Def:
+        """The definition that writes `name`: its own, or one writing it as a further output."""
+        for d in self.defs:
+            if d.name == name or any(a.name == name for a in d.also):
+                return d
+        raise KeyError(name)
+
     def computed_here(self) -> tuple[Def, ...]:
         return tuple(d for d in self.defs if not d.computed_by)
 
@@ -369,7 +419,13 @@ class Program:
         inputs = self.input_map()
         if name in inputs:
             return inputs[name]
-        return self.def_named(name).type
+        d = self.writer_of(name)
+        return d.type if d.name == name else next(a.type for a in d.also if a.name == name)
+
+    def also_outputs(self) -> tuple[str, ...]:
+        """The outputs beside `output` (a spec's `output.also`, a gradient program's other
+        gradients): every numeric check compares each of them too."""
+        return tuple(n for n in dict(self.facts).get("also_outputs", "").split(",") if n and n != self.output)
 
     def digest(self) -> str:
         from .printer import show_program
@@ -396,7 +452,7 @@ def children(e: Expr) -> tuple[Expr, ...]:
     if isinstance(e, Let):
         return (e.bind.value, e.body)
     if isinstance(e, Fold):
-        return (*e.init, *(b.value for b in e.binds), *e.update, e.result)
+        return (*e.init, *(b.value for b in e.binds), *e.update, e.result, *e.also)
     raise TypeError(f"not an expression: {e!r}")
 
 
@@ -430,6 +486,7 @@ def map_children(e: Expr, f: Callable[[Expr], Expr]) -> Expr:
             binds=tuple(replace(b, value=f(b.value)) for b in e.binds),
             update=tuple(f(x) for x in e.update),
             result=f(e.result),
+            also=tuple(f(x) for x in e.also),
         )
     raise TypeError(f"not an expression: {e!r}")
 
@@ -477,6 +534,8 @@ def free_indices(e: Expr) -> frozenset[str]:
         for x in e.init:
             out |= free_indices(x)
         inner: frozenset[str] = free_indices(e.result)
+        for x in e.also:
+            inner |= free_indices(x)
         for b in e.binds:
             dims = {v for v, _ in b.dims}
             inner |= free_indices(b.value) - dims
@@ -560,6 +619,7 @@ def subst_index(e: Expr, name: str, value: Aff) -> Expr:
             binds=tuple(binds),
             update=tuple(subst_index(x, name, value) for x in e.update),
             result=subst_index(e.result, name, value),
+            also=tuple(subst_index(x, name, value) for x in e.also),
         )
     return map_children(e, lambda c: subst_index(c, name, value))
 
@@ -608,6 +668,7 @@ def names_in_program(p: Program) -> frozenset[str]:
     out: set[str] = {n for n, _ in p.sizes} | {n for n, _ in p.inputs}
     for d in p.defs:
         out.add(d.name)
+        out |= {a.name for a in d.also}
         out |= {lp.var for lp in d.loops}
         out |= all_binders(d.body)
     return frozenset(out)

@@ -68,8 +68,7 @@ class _Lowering:
             raise SpecError(where, f"index {missing[0]} of {st.tensor} is not used to index any tensor, so its extent is unknown")
         body = self.expr(st.body, st, extents, where, bound=set(st.idx))
         dims = tuple(Aff.of(extents[v]) for v in st.idx)
-        is_out = st.tensor == self.spec.output.tensor
-        dtype = self.spec.output.dtype if is_out else "f32"
+        dtype = self.spec.output.dtype_of(st.tensor) or "f32"
         self.types[st.tensor] = TensorType(dims, dtype)
         return Def(
             name=st.tensor,
@@ -198,9 +197,16 @@ def lower_spec(spec: SpecFile) -> Program:
     if spec.output.tensor not in names:
         raise SpecError("output.tensor", f"{spec.output.tensor!r} is not defined by any statement"
                                          f"{did_you_mean(spec.output.tensor, names)} (defined: {', '.join(names)})")
+    also = [a.tensor for a in spec.output.also]
+    for k, a in enumerate(also):
+        if a not in names or a == spec.output.tensor or a in also[:k]:
+            why = "is the main output or listed twice" if a in names else \
+                f"is not defined by any statement{did_you_mean(a, names)} (defined: {', '.join(names)})"
+            raise SpecError(f"output.also[{k}].tensor", f"{a!r} {why}")
     sizes = tuple((n, (None if v == "dynamic" else int(v))) for n, v in spec.sizes.items())
     inputs = tuple((n, low.types[n]) for n in spec.inputs)
-    prog = Program(sizes=sizes, inputs=inputs, defs=defs, output=spec.output.tensor)
+    facts = (("also_outputs", ",".join(also)),) if also else ()
+    prog = Program(sizes=sizes, inputs=inputs, defs=defs, output=spec.output.tensor, facts=facts)
     _check_work(spec, prog)
     check_schedule(spec, prog)
     return prog

@@ -90,15 +90,26 @@ _FRAME_PROOF = ("intros. repeat split;\n  first [ lia | intros; derivc_destruct_
                 "| intros; derivc_congr ].")
 
 
-def others_thm(rec, before: Program, after: Program, changed: set[str]) -> Thm | None:
-    """Every definition the step does not rewrite is the same before and after."""
+def others_thm(rec, before: Program, after: Program, changed: set[str]) -> tuple[Thm | None, list[str]]:
+    """Every definition the step does not rewrite is the same before and after; and the
+    definitions left out of the theorem: identical in the IR before and after, but with no
+    term of the algebra (a further output LSE = M + log(...) adds a max, which may be -inf)."""
     ex = _exporter(before, after)
     after_names = {d.name for d in after.defs}
-    parts = [_def_frame(ex, d, after.def_named(d.name)) for d in before.defs
-             if d.name in after_names and d.name not in changed]
+    parts, skipped = [], []
+    for d in before.defs:
+        if d.name not in after_names or d.name in changed:
+            continue
+        ad = after.def_named(d.name)
+        try:
+            parts.append(_def_frame(ex, d, ad))
+        except ExportError:
+            if d != ad:
+                raise
+            skipped.append(d.name)
     if not parts:
-        return None
-    return Thm(_thm_name(rec, "_others"), _binders(ex), [], conj(parts), _FRAME_PROOF, LEAN_PROPS)
+        return None, skipped
+    return Thm(_thm_name(rec, "_others"), _binders(ex), [], conj(parts), _FRAME_PROOF, LEAN_PROPS), skipped
 
 
 def store_frame(rec, before: Program, after: Program, name: str, suffix: str = "_frame") -> Thm:

@@ -52,6 +52,8 @@ def show_expr(e: Expr, indent: int = 0) -> str:
         for s, u in zip(e.state, e.update):
             lines.append(f"{inner}{s} := {show_expr(u, indent + 1)}")
         lines.append(f"{pad}result {show_expr(e.result, indent)}")
+        for n, x in enumerate(e.also):
+            lines.append(f"{pad}result[{n + 1}] {show_expr(x, indent)}")
         return "\n".join(lines)
     raise TypeError(f"not an expression: {e!r}")
 
@@ -90,7 +92,10 @@ def show_def(d: Def) -> str:
     )
     guard = (" where " + " && ".join(str(c) for c in d.guard)) if d.guard else ""
     store = f"{d.name}[" + ", ".join(str(a) for a in d.store) + "]"
-    return f"{head}\n  for {loops}{guard}:\n    {store} = {show_expr(d.body, 3)}"
+    also = "".join(f"\n  also {a.name}[{', '.join(str(d.store[k]) for k in a.keep)}] : {a.type.dtype} = result[{n + 1}]"
+                   f" where " + " && ".join(f"{d.store[k]} == 0" for k in range(len(d.store)) if k not in a.keep)
+                   for n, a in enumerate(d.also))
+    return f"{head}\n  for {loops}{guard}:\n    {store} = {show_expr(d.body, 3)}{also}"
 
 
 def show_program(p: Program) -> str:

@@ -35,10 +35,27 @@ class TensorDecl(BaseModel):
     dtype: Dtype
 
 
+class AlsoOutputDecl(BaseModel):
+    """A further output of the kernel: a tensor one of the statements defines (e.g. the rows'
+    log-sum-exp LSE beside O), written by the same kernel once a rule fuses it (fold_stat)."""
+
+    model_config = ConfigDict(extra="forbid")
+    tensor: str
+    dtype: Dtype = "f32"
+
+
 class OutputDecl(BaseModel):
     model_config = ConfigDict(extra="forbid")
     tensor: str
     dtype: Dtype = "f32"
+    also: list[AlsoOutputDecl] = []
+
+    def tensors(self) -> list[str]:
+        """Every output, the main one first."""
+        return [self.tensor] + [a.tensor for a in self.also]
+
+    def dtype_of(self, name: str) -> str | None:
+        return {self.tensor: self.dtype, **{a.tensor: a.dtype for a in self.also}}.get(name)
 
 
 class ScheduleStep(BaseModel):

@@ -34,6 +34,7 @@ RULE_THEOREMS: dict[str, tuple[str, ...]] = {
     # not a rewrite rule: the algebraic identity behind GRAD's softmax adjoint (no per-step
     # obligation; GRAD is validated numerically)
     "SOFTMAX_VJP": ("softmax_vjp_row",),
+    "FOLD_STAT": ("online_lse",),
 }
 
 # where a reader finds each rule's proofs (Coq file, Lean file), relative to the repo root
@@ -54,6 +55,7 @@ RULE_FILES: dict[str, tuple[str, str]] = {
     "SOFTMAX_BWD_ROWTERM": ("proofs_ci/coq/Rules/SoftmaxBwd.v",
                             "lean/Derivc/Rules/SoftmaxBwd.lean"),
     "SOFTMAX_VJP": ("proofs_ci/coq/Rules/SoftmaxVjp.v", "lean/Derivc/Rules/SoftmaxVjp.lean"),
+    "FOLD_STAT": ("proofs_ci/coq/Rules/OnlineLse.v", "lean/Derivc/Rules/OnlineLse.lean"),
 }
 
 # exp_ne_zero is a derived algebra fact (Algebra.v / Algebra.lean) used by SPLIT_SOFTMAX

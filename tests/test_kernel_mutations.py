@@ -86,6 +86,15 @@ MUTATIONS = (
              "{{ instr.wgmma_ss('wgmma_tile', WN, ab_dt, trans_b, False) }}"),
     Mutation("rowwise_division_unguarded_by_sign", "rmsnorm.yaml", "codegen/mappings/rowwise.py",
              'return f"div0({a}, {b})"', 'return f"div0({b}, {a})"'),
+    # --- FOLD-STAT's second output (LSE = m + log l): a wrong statistic fails at the kernel step
+    Mutation("mma_lse_forgets_log", "flash_attention_d64_lse.yaml", T + "online_fold.cu.j2",
+             "m_r[mi][h] * 0.693147180559945309f + logf(l)", "m_r[mi][h] * 0.693147180559945309f + l"),
+    Mutation("mma_lse_max_in_log2_units", "flash_attention_d64_lse.yaml", T + "online_fold.cu.j2",
+             "m_r[mi][h] * 0.693147180559945309f", "m_r[mi][h]"),
+    Mutation("mma_lse_row_of_the_upper_half", "flash_attention_d64_lse.yaml", T + "online_fold.cu.j2",
+             "(lane >> 2) + 8 * h;", "(lane >> 2);"),
+    Mutation("wgmma_lse_forgets_log", "flash_attention_wgmma_lse.yaml", T + "online_fold_wgmma.cu.j2",
+             "m_r[h] * 0.693147180559945309f + logf(l)", "m_r[h] * 0.693147180559945309f + l"),
 )
 
 

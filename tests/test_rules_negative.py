@@ -473,6 +473,7 @@ VALID_PARAMS = {
     "cache_row": {"def": "Y", "tensor": "X"},
     "recompute": {"def": "P"},
     "softmax_rowterm": {"def": "dS", "probs": "P", "output": "O"},
+    "fold_stat": {"def": "O", "stat": "LSE"},
 }
 
 

@@ -43,6 +43,11 @@ class Geometry:
     grids: tuple[tuple[int, int, int], ...]  # per variant
     size_args: tuple[int, ...]
     empty: bool
+    also_shapes: tuple[tuple[int, ...], ...] = ()  # the further outputs' shapes (Kernel.also)
+
+    @property
+    def out_shapes(self) -> tuple[tuple[int, ...], ...]:
+        return (self.out_shape,) + self.also_shapes
 
 
 class CompiledKernel:
@@ -67,6 +72,7 @@ class CompiledKernel:
         self._torch_out: Any = None
         self._ins = self.kernel.inputs
         self._out = self.kernel.output
+        self._also = self.kernel.outputs[1:]  # further outputs: a call returns (out, *also)
         self._host = mapping_named(printed.mapping).host
         self._shapes: dict[tuple, Geometry] = {}
         self._maps: dict[tuple, Any] = {}
@@ -154,7 +160,8 @@ class CompiledKernel:
         """The common call: torch tensors on the kernel's device, an output given or not,
         a shape seen before, no TMA maps.  None sends the call to the checking path."""
         wants = self._torch_wants
-        if wants is None or len(xs) != len(wants) or self._host is not None:
+        # further outputs (LSE): the checking path allocates and checks them
+        if wants is None or len(xs) != len(wants) or self._host is not None or self._also:
             return None
         ptrs, shapes = [], []
         dev = self.device
@@ -199,10 +206,19 @@ class CompiledKernel:
             self._torch_wants = tuple(self._torch_dtype(t.dtype) for t in self._ins)
             self._torch_out = self._torch_dtype(self._out.dtype)
         if out is None:
-            out = self._empty(kind, dev, geo.out_shape)
-        ov = self._view(out, self._out)
-        if tuple(ov[1]) != geo.out_shape:
-            raise ValueError(f"{self._out.name}: shape {tuple(ov[1])}, expected {geo.out_shape}")
+            outs = tuple(self._empty(kind, dev, shape, t.dtype) for t, shape in zip(self.kernel.outputs, geo.out_shapes))
+        else:
+            outs = out if isinstance(out, tuple) else (out,)
+            if len(outs) != 1 + len(self._also):
+                raise ValueError(f"out: expected {1 + len(self._also)} tensors "
+                                 f"({', '.join(t.name for t in self.kernel.outputs)}), got {len(outs)}")
+        out_views = []
+        for o, t, shape in zip(outs, self.kernel.outputs, geo.out_shapes):
+            ov = self._view(o, t)
+            if tuple(ov[1]) != shape:
+                raise ValueError(f"{t.name}: shape {tuple(ov[1])}, expected {shape}")
+            out_views.append(ov[0])
+        out = outs[0] if not self._also else outs
         if geo.empty:
             return out
         ptrs = tuple(v[0] for v in views)
@@ -216,12 +232,12 @@ class CompiledKernel:
                 self._maps[key] = cached
             index, extra = cached
         launch = self.printed.variants[index].launch
-        values = ptrs + (ov[0],) + geo.size_args + ((extra,) if extra is not None else ())
+        values = ptrs + tuple(out_views) + geo.size_args + ((extra,) if extra is not None else ())
         self._fns[index].launch(geo.grids[index], launch.threads, launch.smem_bytes, self._stream(kind, dev), values)
         return out
 
-    def _empty(self, kind: str, dev: int, shape: tuple[int, ...]) -> Any:
-        dt = DTYPES[self._out.dtype]
+    def _empty(self, kind: str, dev: int, shape: tuple[int, ...], dtype: str | None = None) -> Any:
+        dt = DTYPES[dtype or self._out.dtype]
         if kind == "torch":
             import torch
             return torch.empty(shape, dtype=getattr(torch, dt.torch), device=f"cuda:{dev}")
@@ -269,7 +285,7 @@ def geometry(printed: Printed, shapes: tuple[tuple[int, ...], ...], given: dict[
             raise ValueError(f"{t.name}: shape {tuple(shape)}, expected {want}")
     out_shape = tuple(a.evaluate(sizes) for a in kernel.output.dims)
     if printed.mapping != "simt":  # the tensor-core templates index tiles with 32-bit ints
-        for t, shape in list(zip(kernel.inputs, shapes)) + [(kernel.output, out_shape)]:
+        for t, shape in list(zip(kernel.inputs, shapes)) + [(kernel.output, out_shape)]:  # LSE is smaller than O
             if math.prod(shape) >= 2**31:
                 raise ValueError(f"{t.name} has {math.prod(shape)} elements >= 2^31: the {printed.mapping} "
                                  "kernel indexes with 32-bit offsets; split the call (the SIMT mapping uses 64-bit)")
@@ -283,7 +299,8 @@ def geometry(printed: Printed, shapes: tuple[tuple[int, ...], ...], given: dict[
                 raise ValueError(f"grid axis {'xyz'[i]} needs {n} blocks ({loops}) > the device limit {lim}")
         grids.append(tuple(grid))
     size_args = tuple(sizes[n] for n in kernel.dynamic())
-    return Geometry(sizes, out_shape, tuple(grids), size_args, any(n == 0 for n in out_shape))
+    also = tuple(tuple(a.evaluate(sizes) for a in t.dims) for t in kernel.outputs[1:])
+    return Geometry(sizes, out_shape, tuple(grids), size_args, any(n == 0 for n in out_shape), also)
 
 
 def _current_device() -> int:

@@ -91,8 +91,9 @@ class _Guarded:
 
 def run_printed(printed: Printed, variant_index: int, inputs: Sequence[np.ndarray],
                 given_sizes: Mapping[str, int] | None = None, order: str = "forward", seed: int = 0,
-                include_dirs: tuple[str, ...] = ()) -> np.ndarray:
-    """The output of variant `variant_index` of `printed` run on the CPU (floats; bf16 widened).
+                include_dirs: tuple[str, ...] = ()) -> np.ndarray | tuple[np.ndarray, ...]:
+    """The output of variant `variant_index` of `printed` run on the CPU (floats; bf16 widened);
+    a tuple (output, further outputs…) for a kernel that writes several.
     EmuError with a one-line reason when the run fails or writes outside its tensors."""
     kernel = printed.kernel
     ins = kernel.inputs
@@ -102,11 +103,11 @@ def run_printed(printed: Printed, variant_index: int, inputs: Sequence[np.ndarra
         raise ValueError(f"variant {variant_index}: {printed.mapping} has {len(printed.variants)}")
     stored = [to_storage(np.asarray(x), t.dtype) for x, t in zip(inputs, ins)]
     geo = geometry(printed, tuple(s.shape for s in stored), dict(given_sizes or {}))
-    out_t = kernel.output
-    out_dtype = DTYPES[out_t.dtype]
-    out_np = np.uint16 if out_t.dtype == "bf16" else np.dtype(out_dtype.numpy)
+    outs_t = kernel.outputs
+    nps = [np.uint16 if t.dtype == "bf16" else np.dtype(DTYPES[t.dtype].numpy) for t in outs_t]
     if geo.empty:
-        return from_storage(np.zeros(geo.out_shape, dtype=out_np), out_t.dtype)
+        empty = tuple(from_storage(np.zeros(shape, dtype=n), t.dtype) for t, n, shape in zip(outs_t, nps, geo.out_shapes))
+        return empty[0] if len(empty) == 1 else empty
     variant = printed.variants[variant_index]
     launch = variant.launch
     bufs = []
@@ -114,8 +115,8 @@ def run_printed(printed: Printed, variant_index: int, inputs: Sequence[np.ndarra
         b = _Guarded(t.name, s.nbytes)
         b.data()[:] = s.reshape(-1).view(np.uint8)
         bufs.append(b)
-    out_bytes = int(np.prod(geo.out_shape)) * out_dtype.bytes
-    out = _Guarded(out_t.name, out_bytes)  # its data is poison until written
+    # each output's data is poison until written
+    outs = [_Guarded(t.name, int(np.prod(shape)) * DTYPES[t.dtype].bytes) for t, shape in zip(outs_t, geo.out_shapes)]
     ptrs = tuple(b.ptr for b in bufs)
     extras: list = []
     maps = None
@@ -131,12 +132,14 @@ def run_printed(printed: Printed, variant_index: int, inputs: Sequence[np.ndarra
         maps[at:at + len(raw)] = np.frombuffer(raw, dtype=np.uint8)
         extras.append(maps.ctypes.data + at)
     module = compile_emulated(variant.source.source, variant.source.entry, include_dirs)
-    args = [*ptrs, out.ptr, *geo.size_args, *extras]
+    args = [*ptrs, *(o.ptr for o in outs), *geo.size_args, *extras]
     module.launch(geo.grids[variant_index], launch.threads, launch.smem_bytes, args, order, seed)
     for b, s in zip(bufs, stored):
         b.check_guards()
         if not np.array_equal(b.data(), s.reshape(-1).view(np.uint8)):
             raise EmuError(f"wrote into input {b.name}")
-    out.check_guards()
-    result = out.data().copy().view(out_np).reshape(geo.out_shape)
-    return from_storage(result, out_t.dtype)
+    results = []
+    for o, t, n, shape in zip(outs, outs_t, nps, geo.out_shapes):
+        o.check_guards()
+        results.append(from_storage(o.data().copy().view(n).reshape(shape), t.dtype))
+    return results[0] if len(results) == 1 else tuple(results)  # (O, LSE) for a kernel with further outputs

@@ -16,12 +16,13 @@ from typing import Mapping
 
 import numpy as np
 
-from compiler.interp import UNARY, random_inputs, rel_error, run_program, step_gt
+from compiler.derive import checked_outputs, output_error
+from compiler.interp import UNARY, random_inputs, run_program, step_gt
 from compiler.ir import (
     BINARY_OPERATORS, UNARY_FUNCTIONS, Aff, Bin, Cond, Const, Expr, Ext, IndexValue, Program, Read, Reduce, Select, Un,
 )
 
-from .ir import Compute, Kernel, Stage, Stmt, TileLoop
+from .ir import Compute, Kernel, Stage, Stmt, Store, TileLoop
 
 
 class KirError(Exception):
@@ -243,6 +244,11 @@ assert set(_BINARY) == set(BINARY_OPERATORS) and set(_UNARY) == set(UNARY_FUNCTI
 
 def run_kernel(k: Kernel, sizes: Mapping[str, int], tensors: Mapping[str, np.ndarray]) -> np.ndarray:
     """The output tensor the kernel writes, float64; NaN where nothing was written."""
+    return run_kernel_outputs(k, sizes, tensors)[k.store.tensor]
+
+
+def run_kernel_outputs(k: Kernel, sizes: Mapping[str, int], tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Every output tensor the kernel writes (the store's and the `also` stores'), float64."""
     env = _Env(k, sizes, tensors)
     for g in k.grid:
         n = env.ext(g.ext)
@@ -252,20 +258,24 @@ def run_kernel(k: Kernel, sizes: Mapping[str, int], tensors: Mapping[str, np.nda
     for ln in k.lanes:
         env.bind(ln.var, ln.extent)
     env.run(k.body)
-    value = env.eval(k.store.value)
-    live = env.cond(k.store.guard)
-    idx = [env.aff(a) for a in k.store.index]
+    return {st.tensor: _store(env, k, st, sizes) for st in k.stores}
+
+
+def _store(env: _Env, k: Kernel, store: Store, sizes: Mapping[str, int]) -> np.ndarray:
+    value = env.eval(store.value)
+    live = env.cond(store.guard)
+    idx = [env.aff(a) for a in store.index]
     every = [env.index(g.var) for g in k.grid] + [env.index(ln.var) for ln in k.lanes]
     dims, parts = _align(value, live, *idx, *every)
     shape = np.broadcast_shapes(*(p.shape for p in parts))
     value_a, live_a = np.broadcast_to(parts[0], shape), np.broadcast_to(parts[1], shape)
-    out_shape = tuple(a.evaluate(sizes) for a in k.output.dims)
+    out_shape = tuple(a.evaluate(sizes) for a in k.tensor(store.tensor).dims)
     out = np.full(out_shape, np.nan)
     count = np.zeros(out_shape, dtype=np.int64)
     where = [np.broadcast_to(p, shape)[live_a] for p in parts[2:2 + len(idx)]]
     for axis, (i, n) in enumerate(zip(where, out_shape)):
         if i.size and (i.min() < 0 or i.max() >= n):
-            raise KirError(f"the store writes outside dimension {axis} of {k.store.tensor} (extent {n})")
+            raise KirError(f"the store writes outside dimension {axis} of {store.tensor} (extent {n})")
     if out_shape:
         np.add.at(count, tuple(where), 1)
         out[tuple(where)] = value_a[live_a]
@@ -275,7 +285,7 @@ def run_kernel(k: Kernel, sizes: Mapping[str, int], tensors: Mapping[str, np.nda
             out[()] = value_a[live_a][0]
     if np.any(count != 1):
         bad = tuple(int(x) for x in np.argwhere(count != 1)[0])
-        raise KirError(f"the store writes element {bad} of {k.store.tensor} {int(count[bad])} times (must be once)")
+        raise KirError(f"the store writes element {bad} of {store.tensor} {int(count[bad])} times (must be once)")
     return out
 
 
@@ -284,6 +294,9 @@ def validate(k: Kernel, program: Program, sizes: Mapping[str, int], seed: int) -
     rng = np.random.default_rng(seed)
     inputs = random_inputs(program, sizes, rng)
     tensors = run_program(program, sizes, inputs)  # with the tensors other steps write
-    ref = tensors[program.output]
-    got = run_kernel(k, sizes, tensors)
-    return {"sizes": dict(sizes), "seed": seed, "rel_error": rel_error(got, ref)}
+    got = run_kernel_outputs(k, sizes, tensors)
+    outputs = checked_outputs(program)
+    if set(got) != set(outputs):
+        raise KirError(f"the kernel writes {sorted(got)}, the program's outputs are {sorted(outputs)}")
+    err = max(output_error(got[n], tensors[n]) for n in outputs)
+    return {"sizes": dict(sizes), "seed": seed, "rel_error": err}

@@ -5,9 +5,10 @@ kernel-IR interpreter (`codegen.kir.interp`) checks it against the final program
 build; the printers of `codegen.mappings` print it.  It is the last program the checks talk
 about: a printer decides instructions and data movement, never meaning.
 
-A `Kernel` writes one output tensor.  Its blocks enumerate the `grid` dimensions; inside a
-block every `LaneDim` point (the output tile's element coordinates) runs `body` and then the
-guarded `store`.  Statements:
+A `Kernel` writes one output tensor, and any further ones `also` stores (FOLD-STAT's row
+statistic, read off the tile loop's final state).  Its blocks enumerate the `grid` dimensions;
+inside a block every `LaneDim` point (the output tile's element coordinates) runs `body` and
+then the guarded `store` (and the `also` stores).  Statements:
 
 - `Stage`   buf[dims] = value: a staged copy of a global tile (CACHE), with its guard and fill
             written in `value` (`[conds] ? T[index map] : 0`), at a memory level with pipeline
@@ -127,6 +128,7 @@ class Kernel:
     lanes: tuple[LaneDim, ...]
     body: tuple[Stmt, ...]
     store: Store
+    also: tuple[Store, ...] = ()  # further outputs, written after the store (FOLD-STAT's LSE)
 
     def tensor(self, name: str) -> TensorArg:
         for t in self.tensors:
@@ -141,6 +143,15 @@ class Kernel:
     @property
     def output(self) -> TensorArg:
         return next(t for t in self.tensors if t.output)
+
+    @property
+    def outputs(self) -> tuple[TensorArg, ...]:
+        """Every output, the main one first (then `also`'s tensors, in order)."""
+        return tuple(t for t in self.tensors if t.output)
+
+    @property
+    def stores(self) -> tuple[Store, ...]:
+        return (self.store,) + self.also
 
     def fixed(self) -> dict[str, int]:
         return {n: v for n, v in self.sizes if v is not None}
@@ -166,7 +177,8 @@ def expressions(k: Kernel) -> Iterator[Expr]:
             for st in s.state:
                 yield st.init
                 yield st.update
-    yield k.store.value
+    for st in k.stores:
+        yield st.value
 
 
 def sub_expressions(k: Kernel) -> Iterator[Expr]:
@@ -205,8 +217,9 @@ def show_kernel(k: Kernel) -> str:
     lanes = ", ".join(f"{ln.var} < {ln.extent}" + (f" @{ln.mapping}" if ln.mapping else "") for ln in k.lanes)
     lines = [f"kernel {k.name}", f"  sizes {sizes}", f"  tensors {args}", f"  grid {grid}", f"  lanes {lanes}"]
     lines += block(k.body, "  ")
-    guard = " && ".join(map(str, k.store.guard))
-    where = f" where {guard}" if guard else ""
-    idx = ", ".join(map(str, k.store.index))
-    lines.append(f"  store {k.store.tensor}[{idx}] = {show_expr(k.store.value)}{where}")
+    for st in k.stores:
+        guard = " && ".join(map(str, st.guard))
+        where = f" where {guard}" if guard else ""
+        idx = ", ".join(map(str, st.index))
+        lines.append(f"  store {st.tensor}[{idx}] = {show_expr(st.value)}{where}")
     return "\n".join(lines) + "\n"

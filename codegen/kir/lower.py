@@ -21,8 +21,8 @@ from __future__ import annotations
 import re
 
 from compiler.ir import (
-    BINARY_OPERATORS, UNARY_FUNCTIONS, AccFact, Aff, Bin, Binding, Const, Def, Expr, Ext, Fold, IndexValue, Let,
-    Program, Read, Reduce, Select, Softmax, Un, walk,
+    BINARY_OPERATORS, UNARY_FUNCTIONS, AccFact, Aff, Bin, Binding, Cond, Const, Def, Expr, Ext, Fold, IndexValue,
+    Let, Program, Read, Reduce, Select, Softmax, Un, tail_fold, walk,
 )
 from compiler.kernel_view import kernel_view
 from compiler.printer import show_expr
@@ -56,6 +56,8 @@ class _Lowering:
         self.prog = prog
         self.d = d
         self.taken: set[str] = set()
+        self.tail = tail_fold(d.body)
+        self.also_values: list[Expr] = []  # the tail fold's further results, lowered
         for x in walk(d.body):
             if isinstance(x, Let):
                 self.taken.add(x.bind.name)
@@ -169,6 +171,13 @@ class _Lowering:
             raise LoweringError(f"fold over {f.var}: {len(f.state)} states, {len(inits)} inits, {len(updates)} updates")
         loop = TileLoop(f.var, f.ext, tuple(State(n, i, u) for n, i, u in zip(f.state, inits, updates)), tuple(body))
         post, result = self.expr(f.result)
+        for x in f.also:
+            if f is not self.tail:
+                raise LoweringError(f"fold over {f.var} has further results but is not the definition's tail fold")
+            p, v = self.expr(x)
+            if p:
+                raise LoweringError(f"a further result of the fold over {f.var} stages a tile: {_short(x)}")
+            self.also_values.append(v)
         return pre + [loop] + post, result
 
     def tile_loop(self, r: Reduce) -> tuple[list[Stmt], Expr]:
@@ -223,5 +232,13 @@ def lower(prog: Program, name: str) -> Kernel:
     body, value = low.expr(d.body)
     tensors = [TensorArg(n, t.dims, t.dtype) for n, t in prog.inputs]
     tensors.append(TensorArg(d.name, d.type.dims, d.type.dtype, output=True))
+    if len(low.also_values) != len(d.also):
+        raise LoweringError(f"definition {d.name} writes {len(d.also)} further outputs, its tail fold gives "
+                            f"{len(low.also_values)}")
+    also = []
+    for a, v in zip(d.also, low.also_values):
+        tensors.append(TensorArg(a.name, a.type.dims, a.type.dtype, output=True))
+        once = tuple(Cond(d.store[k], "<=", Aff.lit(0)) for k in range(len(d.store)) if k not in a.keep)
+        also.append(Store(a.name, tuple(d.store[k] for k in a.keep), d.guard + once, v))
     return Kernel(kernel_name(name), prog.sizes, tuple(tensors), tuple(grid), tuple(lanes), tuple(body),
-                  Store(d.name, d.store, d.guard, value))
+                  Store(d.name, d.store, d.guard, value), tuple(also))

@@ -44,6 +44,10 @@ def print_kernel(k: Kernel, options: tuple[str, ...]) -> Printed:
     for m in sorted(REGISTRY.values(), key=lambda m: m.family == "any"):
         if m.instr != instr:
             continue
+        if k.also and not m.prints_also:
+            reasons.append(f"{m.name}: does not print the kernel's further outputs "
+                           f"({', '.join(st.tensor for st in k.also)})")
+            continue
         try:
             return m.render(k, options)
         except UnsupportedMapping as exc:

@@ -104,6 +104,12 @@ def attn_addressing(p: AttentionPlan, sz: Sizes) -> dict:
         terms = [f"{loop_block_var(r)} * {sz.stride_at(op, i)}" for i, r in enumerate(roles) if r not in ("seq", "head")]
         ctx[f"off_{key}"] = " + ".join(terms) if terms else "0"
         ctx[f"ld_{key}"] = sz.stride_at(op, roles.index("seq"))
+    ctx["lse"] = p.lse is not None
+    if p.lse is not None:  # the statistic: O's layout without the head dim
+        roles = op_roles(p.lse)
+        terms = [f"{loop_block_var(r)} * {sz.stride_at(p.lse, i)}" for i, r in enumerate(roles) if r != "seq"]
+        ctx["off_lse"] = " + ".join(terms) if terms else "0"
+        ctx["ld_lse"] = sz.stride_at(p.lse, roles.index("seq"))
     return ctx
 
 
@@ -158,6 +164,9 @@ def params(plan: Plan, sz: Sizes) -> tuple[str, tuple[str, ...]]:
             decls.setdefault(op.name, f"const {DTYPES[op.dtype].ctype}* __restrict__ {ptr}")
     out = output(plan)
     decls[out.name] = f"{DTYPES[out.dtype].ctype}* __restrict__ p_{'c' if isinstance(plan, ContractionPlan) else 'o'}"
+    lse = getattr(plan, "lse", None)
+    if lse is not None:  # FOLD-STAT's second output, after O (the kernel IR's order)
+        decls[lse.name] = f"{DTYPES[lse.dtype].ctype}* __restrict__ p_lse"
     order = getattr(plan, "args", ()) or tuple(decls)
     if set(order) != set(decls):
         raise ValueError(f"kernel arguments {order} do not match the plan's tensors {tuple(decls)}")

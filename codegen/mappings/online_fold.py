@@ -178,6 +178,7 @@ def match(k: Kernel, mapping: str) -> tuple[AttentionPlan, FoldMask]:
     k_op = _operand(k, k_stage, bn, loop.var, grid_vars - {qt}, mapping)
     v_op = _operand(k, v_stage, bn, loop.var, grid_vars - {qt}, mapping)
     o_op = replace(operand(k, out.name, "global", mapping), roles=o_roles)
+    lse_op = _stat_operand(k, m, l, dl, o_roles, mapping)
     seq_q, seq_k = _seq(o_op), _seq(k_op)
     if _seq(q_op) != seq_q or _seq(v_op) != seq_k:
         raise refuse(mapping, f"Q's rows run over {_seq(q_op)} and O's over {seq_q}; K's over {seq_k} and V's "
@@ -224,10 +225,31 @@ def match(k: Kernel, mapping: str) -> tuple[AttentionPlan, FoldMask]:
         dynamic=k.dynamic(),
         block_m=bm, block_n=bn, warps=warps, stages=max(k_stage.buf.stages, v_stage.buf.stages),
         mma=score.mma.instr, p_in_registers=p_c.buf.level == "register",
-        guard_q=guard_q, guard_kv=guard_kv, grid=grid_axes(k, tiles), swizzle=True, extras=extras,
+        guard_q=guard_q, guard_kv=guard_kv, grid=grid_axes(k, tiles), swizzle=True, extras=extras, lse=lse_op,
     )
     bdims = tuple((g, tiles[g][0]) for g in batch_loops)
     return plan, FoldMask(mask, row, c, qt, loop.var, loop.ext, term, bdims)
+
+
+def _stat_operand(k: Kernel, m: str, l: str, dl: str, o_roles: tuple[str, ...], mapping: str) -> Operand | None:
+    """FOLD-STAT's second output, when the kernel writes one: LSE[O's index without the head dim]
+    = m + log(l), f32, stored where O is and the head-dim lane is 0 (once per row)."""
+    if not k.also:
+        return None
+    if len(k.also) != 1:
+        raise refuse(mapping, f"the kernel writes {len(k.also)} further outputs; this mapping prints one (LSE)")
+    st = k.also[0]
+    head = o_roles.index("head")
+    if st.value != Bin("+", Read(m, ()), Un("log", Read(l, ()))):
+        raise refuse(mapping, f"the further output {st.tensor} = {show_expr(st.value)} is not {m} + log({l})")
+    if st.index != k.store.index[:head] + k.store.index[head + 1:]:
+        raise refuse(mapping, f"{st.tensor} is not stored at the output's index without the head dim")
+    if st.guard != k.store.guard + (Cond(Aff.of(dl), "<=", Aff.lit(0)),):
+        raise refuse(mapping, f"{st.tensor}'s store condition is not the output's and {dl} == 0 (once per row)")
+    t = k.tensor(st.tensor)
+    if t.dtype != "f32":
+        raise refuse(mapping, f"{st.tensor} is {t.dtype}: this mapping writes the statistic as f32")
+    return replace(operand(k, st.tensor, "global", mapping), roles=o_roles[:head] + o_roles[head + 1:])
 
 
 def _is_qk(e: Expr) -> bool:
@@ -438,8 +460,10 @@ def _host_wgmma(printed: Printed, sizes: dict[str, int], ptrs: tuple[int, ...],
 
 
 def _register() -> None:
-    register(Mapping("online_fold_mma_sync", "online_fold", "mma_sync", lambda k, o: _print(k, o, "mma_sync")))
-    register(Mapping("online_fold_wgmma", "online_fold", "wgmma", lambda k, o: _print(k, o, "wgmma"), _host_wgmma))
+    register(Mapping("online_fold_mma_sync", "online_fold", "mma_sync", lambda k, o: _print(k, o, "mma_sync"),
+                     prints_also=True))
+    register(Mapping("online_fold_wgmma", "online_fold", "wgmma", lambda k, o: _print(k, o, "wgmma"), _host_wgmma,
+                     prints_also=True))
 
 
 _register()

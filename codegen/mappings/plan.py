@@ -116,6 +116,9 @@ class AttentionPlan:
     grid: tuple[GridAxis, ...]
     swizzle: bool
     extras: tuple[Operand, ...] = ()  # inputs the additive score term reads (after q, k, v)
+    # FOLD-STAT's second output: the rows' log-sum-exp m + log(l), f32, O's layout without the
+    # head dim (roles: O's without 'head'); None: the kernel writes O only
+    lse: Optional[Operand] = None
 
 
 Plan = Union[ContractionPlan, AttentionPlan]

@@ -35,6 +35,9 @@ class Mapping:
     # host side at a call: (printed, sizes, pointers[, tensor-map encoder]) -> (variant index, extra
     # argument bytes or None); the encoder defaults to the driver's (codegen.cuda.tma.encode_driver)
     host: Callable[..., tuple[int, bytes | None]] | None = None
+    # whether the printer writes a kernel IR's further outputs (`Kernel.also`); the others refuse
+    # such a kernel by name before printing
+    prints_also: bool = False
 
 
 REGISTRY: dict[tuple[str, str | None], Mapping] = {}

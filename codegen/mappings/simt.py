@@ -196,16 +196,17 @@ def render(k: Kernel, options: tuple[str, ...]) -> tuple[KernelSource, Launch]:
     """CUDA source and launch of any kernel IR on the SIMT mapping."""
     p = _Printer(k)
     body = p.block(k.body)
-    out = k.output
-    store_off = " + ".join(f"(long long){aff_c(a, p.names)} * {s}" for a, s in zip(k.store.index, p.strides[out.name]))
-    value = p.ex(k.store.value, p.names)
-    body += p.lane_loop([f"if ({conds_c(k.store.guard, p.names)}) p_{out.name}[{store_off or '0'}] = "
-                         f"f32_to_{out.dtype}({value});"])
+    for st in k.stores:  # the output, then any further output (FOLD-STAT's LSE) from the final state
+        out = k.tensor(st.tensor)
+        store_off = " + ".join(f"(long long){aff_c(a, p.names)} * {s}" for a, s in zip(st.index, p.strides[out.name]))
+        value = p.ex(st.value, p.names)
+        body += p.lane_loop([f"if ({conds_c(st.guard, p.names)}) p_{out.name}[{store_off or '0'}] = "
+                             f"f32_to_{out.dtype}({value});"])
     if p.smem > DEVICE.smem_per_block:
         raise UnsupportedMapping(f"SIMT: block-level buffers need {p.smem} bytes of shared memory "
                                  f"> {DEVICE.smem_per_block}")
     params = [f"const {DTYPES[t.dtype].ctype}* __restrict__ p_{t.name}" for t in k.inputs]
-    params.append(f"{DTYPES[out.dtype].ctype}* __restrict__ p_{out.name}")
+    params += [f"{DTYPES[t.dtype].ctype}* __restrict__ p_{t.name}" for t in k.outputs]
     params += [f"int sz_{n}" for n in k.dynamic()]
     shared = []
     for name, b in p.shared.items():
@@ -235,7 +236,7 @@ def _print(k: Kernel, options: tuple[str, ...]):
 def _register() -> None:
     from .registry import Mapping, register
 
-    register(Mapping(NAME, "any", None, _print))
+    register(Mapping(NAME, "any", None, _print, prints_also=True))
 
 
 _register()
