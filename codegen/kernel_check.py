@@ -64,7 +64,7 @@ def compare(got: np.ndarray, ref: np.ndarray, dtype: str) -> dict[str, Any]:
     """The draw's verdict: norm error, worst element, and where the output is not finite."""
     tol = TOLERANCE[dtype]
     finite_ref = np.isfinite(ref)
-    bad = ~np.isfinite(got) & finite_ref
+    bad = (~np.isfinite(got) & finite_ref) | (~finite_ref & (got != ref))  # an infinity of ref must be matched
     top = float(np.abs(ref[finite_ref]).max()) if finite_ref.any() else 0.0
     diff = np.abs(np.where(finite_ref & np.isfinite(got), got - ref, 0.0))
     worst = int(np.argmax(diff)) if diff.size else 0
