@@ -92,7 +92,8 @@ def cut_kernel(prog: Program, output: str, available: dict[str, str], file: str 
         if d.name in live:
             live |= tensors_read(d.body)
     defs = tuple(replace(d, computed_by=available.get(d.name, "")) for d in prog.defs if d.name in live)
-    return replace(prog, defs=defs, output=output, facts=())
+    inputs = tuple((n, t) for n, t in prog.inputs if n in live)  # what the cut reads, nothing more
+    return replace(prog, inputs=inputs, defs=defs, output=output, facts=())
 
 
 def derive_gradient(spec: SpecFile, file: str = "", *, seed: int | None = None, check: bool = True) -> GradDerivation:

@@ -123,6 +123,9 @@ def write_report(d: Derivation) -> str:
     if check is not None:
         out += [("Proofs: " + check.line().removeprefix("proofs: ")) if check.checked
                 else f"**Proofs NOT checked** ({check.reason}): the per-step obligations were not run through coqc.", ""]
+    grad = getattr(d, "grad_trace", None)
+    if grad:
+        out += grad_markdown(grad)
     if not d.steps:
         out += ["The schedule is empty: the final program is the spec program.", ""]
     for s in d.steps:
@@ -142,6 +145,33 @@ def write_report(d: Derivation) -> str:
     if kc:
         out += kernel_step_markdown(kc)
     return "\n".join(out)
+
+
+def grad_markdown(grad: dict[str, Any]) -> list[str]:
+    """How a backward kernel's program came from the spec: GRAD, grad.schedule, the cut."""
+    g = grad["grad"]
+    grads = ", ".join(f"d{g['of']}/d{x} = {dx}" for x, dx in g["grads"].items())
+    out = [f"## Backward kernel {grad['kernel']}", "",
+           f"This kernel computes `{grad['kernel']}` of the backward of `{g['of']}` (seed adjoint `{g['seed_tensor']}`).",
+           "", "### Step 0: grad (GRAD)", "",
+           f"- reverse-mode differentiation of the spec's statements: {grads}",
+           "- **validated numerically, not proved**: no Coq / Lean theorem covers GRAD yet"]
+    n = g.get("numeric")
+    if n:
+        for r in n["draws"]:
+            errs = ", ".join(f"{x} {e:.1e}" for x, e in r["rel_error"].items())
+            out.append(f"- {n['method']}, draw {r['draw']} (×{r['scale']:.3g}, seed {r['seed']}) at "
+                       f"{format_sizes(r['sizes'])}: relative error {errs} (tolerance {n['tolerance']:g})")
+    else:
+        out.append("- numeric check: not run")
+    for s in grad.get("schedule_steps", []):
+        num = s.get("numeric") or {}
+        err = f"relative error {num['rel_error']:.1e}" if num else "not checked"
+        out.append(f"- grad.schedule step {s['index']}: {s['rule']} ({s['kind']}), theorem `{s['theorem']}`, "
+                   f"{err} on every gradient")
+    out += [f"- the gradient program (`{grad['gradient_digest']}`) read at `{grad['kernel']}`: the spec program "
+            "of the steps below; tensors other build steps write are marked `(read from …)`", ""]
+    return out
 
 
 def kernel_step_markdown(kc: dict) -> list[str]:

@@ -11,17 +11,17 @@ from codegen.mappings.plan import AttentionPlan, ContractionPlan, GridAxis, Oper
 
 def gemm(name: str, dtype: str = "f16", out_dtype: str | None = None, *, batch: bool = False,
          block=(128, 128, 32), warps=(2, 4), stages: int = 3, mma: str | None = "mma_sync",
-         levels=("shared", "shared"), b_transposed: bool = False, guards=(False, False, False),
+         levels=("shared", "shared"), b_transposed: bool = False, a_transposed: bool = False, guards=(False, False, False),
          swizzle: bool = True) -> ContractionPlan:
     bdims = ("B",) if batch else ()
-    a = Operand("A", bdims + ("M", "K"), dtype, levels[0])
+    a = Operand("A", bdims + (("K", "M") if a_transposed else ("M", "K")), dtype, levels[0])
     b = Operand("Bm", bdims + (("N", "K") if b_transposed else ("K", "N")), dtype, levels[1])
     c = Operand("C", bdims + ("M", "N"), out_dtype or dtype, "global")
     grid = (GridAxis("jo", "N", block[1], "x"), GridAxis("io", "M", block[0], "y"))
     if batch:
         grid += (GridAxis("b", "B", 1, "z"),)
     return ContractionPlan(
-        kernel_name=name, a=a, b=b, c=c, b_transposed=b_transposed, m="M", n="N", k="K",
+        kernel_name=name, a=a, b=b, c=c, b_transposed=b_transposed, a_transposed=a_transposed, m="M", n="N", k="K",
         batch=bdims, fixed=(), dynamic=bdims + ("M", "N", "K"),
         block_m=block[0], block_n=block[1], block_k=block[2], warps_m=warps[0], warps_n=warps[1],
         stages=stages, mma=mma, acc_dtype="f32", guard_m=guards[0], guard_n=guards[1],

@@ -46,10 +46,11 @@ def _size(rng: random.Random, fixed_ok: bool, choices: tuple[int, ...], dynamic_
     return rng.choice(choices)
 
 
-def gemm_case(rng: random.Random, idx: int) -> Case:
+def gemm_case(rng: random.Random, idx: int, layouts: random.Random | None = None) -> Case:
+    """layouts: the stream that draws a tensor-core case's transposed A (default rng)."""
     mapping = rng.choice(["simt", "simt", "mma_sync", "wgmma"])
     dtype = "f32" if mapping == "simt" and rng.random() < 0.5 else rng.choice(["f16", "bf16"])
-    a_t = mapping == "simt" and rng.random() < 0.4  # A stored [K, M]
+    a_t = (rng if mapping == "simt" else layouts or rng).random() < 0.4  # A stored [K, M]
     b_t = rng.random() < 0.4  # B stored [N, K]
     batch = rng.random() < 0.3
     mask = None
@@ -107,7 +108,7 @@ def gemm_case(rng: random.Random, idx: int) -> Case:
     check = {n: v for n, v in {"M": bm + bm // 2 + 3, "N": bn + 5, "K": bk * 2 + 3, "Z": 2}.items()
              if sizes.get(n) == "dynamic"}
     if mapping != "simt":  # cp.async / TMA rows need 16-byte multiples along the contiguous dims
-        check.update({n: v + (-v) % 8 for n, v in check.items() if n in ("K", "N")})
+        check.update({n: v + (-v) % 8 for n, v in check.items() if n in ("K", "N") or (n == "M" and a_t)})
     run = {n: v for n, v in {"M": 300, "N": 260 if mapping == "simt" else 264, "K": 136, "Z": 3}.items()
            if sizes.get(n) == "dynamic"}
     name = f"g{idx:03d}_{mapping}_{dtype}{'_at' if a_t else ''}{'_bt' if b_t else ''}{'_z' if batch else ''}{'_mask' if mask else ''}"
@@ -208,7 +209,10 @@ def _mask_tag(mask: str | None) -> str:
 def cases(n: int, seed: int = 0) -> list[Case]:
     """n generated cases, alternating GEMM-family and attention-family, deterministic in seed."""
     rng = random.Random(seed)
-    return [(gemm_case if k % 2 == 0 else attention_case)(rng, k) for k in range(n)]
+    # the tensor-core cases draw a transposed A from a stream of their own, so that adding that
+    # draw left every case of `rng` as it was
+    layouts = random.Random(f"tensor-core layouts {seed}")
+    return [gemm_case(rng, k, layouts) if k % 2 == 0 else attention_case(rng, k) for k in range(n)]
 
 
 def build_case(case: Case, folder: Path, *, codegen: bool = True) -> tuple[int, str, Path]:

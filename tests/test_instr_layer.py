@@ -249,7 +249,7 @@ def _layer_macros_rendered() -> str:
     from codegen.mappings.templates_env import _env
 
     module = _env.get_template("constructs/instr.cu.j2").module
-    sample = {"fname": "sample_wrapper", "n": 64, "dtype": "bf16", "trans_b": True}
+    sample = {"fname": "sample_wrapper", "n": 64, "dtype": "bf16", "trans_b": True, "trans_a": True}
     out = []
     for name in dir(module):
         macro = getattr(module, name)

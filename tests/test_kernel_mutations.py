@@ -78,6 +78,12 @@ MUTATIONS = (
              "x = f\"({x} / (", "x = f\"({x} % ("),
     Mutation("wgmma_fold_mask_dropped", "attention_strict_causal.yaml", T + "online_fold_wgmma.cu.j2",
              "{{ mask_keep('row', 'col', '(kv0 / ' ~ BN ~ ')') }} ? sv : neg_inf()", "sv"),
+    # --- the gradient GEMM layouts (A stored [K, M]): the transpose the instruction applies
+    Mutation("ldmatrix_a_not_transposed", "gemm_grad_b.yaml", T + "contraction.cu.j2",
+             "ldsm_x4_t(af[", "ldsm_x4(af["),
+    Mutation("wgmma_a_transpose_bit_cleared", "gemm_grad_b_wgmma.yaml", T + "contraction_wgmma.cu.j2",
+             "{{ instr.wgmma_ss('wgmma_tile', WN, ab_dt, trans_b, trans_a) }}",
+             "{{ instr.wgmma_ss('wgmma_tile', WN, ab_dt, trans_b, False) }}"),
     Mutation("rowwise_division_unguarded_by_sign", "rmsnorm.yaml", "codegen/mappings/rowwise.py",
              'return f"div0({a}, {b})"', 'return f"div0({b}, {a})"'),
 )

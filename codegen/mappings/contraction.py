@@ -4,16 +4,18 @@ The meaning these printers implement, with every part taken from the kernel IR:
 
     for ko < ceil(K / BK) carrying (acc = 0 @f32):
         stage A_s[r < BM, c < BK] = [bounds] ? A[batch.., BM*io + r, BK*ko + c] : 0
+              (or A_s[r < BK, c < BM] = [bounds] ? A[batch.., BK*ko + r, BM*io + c] : 0)
         stage B_s[r < BK, c < BN] = [bounds] ? B[batch.., BK*ko + r, BN*jo + c] : 0
               (or B_s[r < BN, c < BK] = [bounds] ? B[batch.., BN*jo + r, BK*ko + c] : 0)
         acc := acc + sum(ki < BK @mma: [conds] ? A_s[ii, ki] * B_s[ki, ji] : 0)
+              (A_s read [ki, ii] when staged [k, m], B_s read [ji, ki] when staged [n, k])
     [compute x = f(acc, ...) ...]           (register scalars: FUSE's binding of a producer)
     store C[batch.., BM*io + ii, BN*jo + ji] = epilogue(acc, x, reads)   where [bounds]
 
 `bounds` are tile tails (`BM*io + r < M`, ...), zero-filled by the copies and guarded at the
 store; an inner condition is accepted only when it is one of the operands' zero-fill bounds at
-the read position (so dropping it changes nothing).  Anything else — a mask inside the sum, a
-transposed A, an epilogue the printer cannot print (codegen.mappings.epilogue), a skipped tile range — is
+the read position (so dropping it changes nothing).  Anything else — a mask inside the sum, an
+epilogue the printer cannot print (codegen.mappings.epilogue), a skipped tile range — is
 refused by name; the SIMT mapping prints any kernel IR.  The epilogue is printed from the kernel
 IR's stored value (codegen.mappings.epilogue), with bound guards on its reads.
 """
@@ -81,19 +83,17 @@ def match(k: Kernel, mapping: str) -> ContractionPlan:
     if len(batch) != len(sidx) - 2:
         raise refuse(mapping, f"output batch indices {list(map(str, sidx[:-2]))} are not block indices")
     kv = red.var
-    # operand roles from the index structure of the product
-    if ra.idx == (Aff.of(lane_r), Aff.of(kv)):
-        ra_, rb_ = ra, rb
-    elif rb.idx == (Aff.of(lane_r), Aff.of(kv)):
-        ra_, rb_ = rb, ra
-    else:
-        raise refuse(mapping, f"no factor of the tile product is read as [{lane_r}, {kv}] (the A tile)")
-    if rb_.idx == (Aff.of(kv), Aff.of(lane_c)):
-        b_transposed = False
-    elif rb_.idx == (Aff.of(lane_c), Aff.of(kv)):
-        b_transposed = True
-    else:
-        raise refuse(mapping, f"the B tile is read as {rb_.tensor}[{', '.join(map(str, rb_.idx))}]")
+    # operand roles and layouts from the index structure of the product: A read [row, k] (stored
+    # [m, k]) or [k, row] (stored [k, m]); B read [k, col] (stored [k, n]) or [col, k] (stored [n, k])
+    a_orient = {(Aff.of(lane_r), Aff.of(kv)): False, (Aff.of(kv), Aff.of(lane_r)): True}
+    b_orient = {(Aff.of(kv), Aff.of(lane_c)): False, (Aff.of(lane_c), Aff.of(kv)): True}
+    roles = [(x, y) for x, y in ((ra, rb), (rb, ra)) if x.idx in a_orient and y.idx in b_orient]
+    if not roles:
+        raise refuse(mapping, f"the tile product {ra.tensor}[{', '.join(map(str, ra.idx))}] * "
+                     f"{rb.tensor}[{', '.join(map(str, rb.idx))}] is not A[{lane_r}, {kv}] or A[{kv}, {lane_r}] "
+                     f"times B[{kv}, {lane_c}] or B[{lane_c}, {kv}]")
+    ra_, rb_ = roles[0]
+    a_transposed, b_transposed = a_orient[ra_.idx], b_orient[rb_.idx]
     if ra_.tensor not in stages or rb_.tensor not in stages:
         raise refuse(mapping, "both factors must be staged tiles (CACHE them)")
     sa, sb = stages[ra_.tensor], stages[rb_.tensor]
@@ -103,13 +103,20 @@ def match(k: Kernel, mapping: str) -> ContractionPlan:
     b_op = operand(k, b_read.tensor, sb.buf.level, mapping)
     c_op = operand(k, out.name, "global", mapping)
     m, n = c_op.dims[-2], c_op.dims[-1]
-    kdim = a_op.dims[-1]
-    # A tile [BM, BK] row-major over [.., M, K]
-    (ar, bm_a), (ac, bk) = sa.buf.dims
+    kdim = a_op.dims[-2] if a_transposed else a_op.dims[-1]
+    # A tile: row-major [BM, BK] over [.., M, K], or [BK, BM] over [.., K, M]
+    (ar, e0), (ac, e1) = sa.buf.dims
     _check_batch(a_read, batch, mapping)
-    if (a_read.idx[-2], a_read.idx[-1]) != (Aff.build({g_m: bm, ar: 1}), Aff.build({loop.var: bk, ac: 1})):
-        raise refuse(mapping, f"A tile {sa.buf.name} reads {a_read.tensor}[{', '.join(map(str, a_read.idx))}]: "
-                     f"this mapping needs A stored [.., {m}, {kdim}] (rows contiguous along k)")
+    bk = e0 if a_transposed else e1
+    if not a_transposed:
+        want_a, bm_a = (Aff.build({g_m: bm, ar: 1}), Aff.build({loop.var: bk, ac: 1})), e0
+        tiles_a = {ar: (g_m, bm), ac: (loop.var, bk)}
+    else:
+        want_a, bm_a = (Aff.build({loop.var: bk, ar: 1}), Aff.build({g_m: bm, ac: 1})), e1
+        tiles_a = {ar: (loop.var, bk), ac: (g_m, bm)}
+    if (a_read.idx[-2], a_read.idx[-1]) != want_a:
+        raise refuse(mapping, f"A tile {sa.buf.name} reads {a_read.tensor}[{', '.join(map(str, a_read.idx))}], "
+                     f"not a row-major [{m}, {kdim}] or [{kdim}, {m}] tile")
     if bm_a != bm:
         raise refuse(mapping, f"A tile has {bm_a} rows, the output tile {bm}")
     _check_batch(b_read, batch, mapping)
@@ -125,14 +132,14 @@ def match(k: Kernel, mapping: str) -> ContractionPlan:
                      "not a row-major [k, n] or [n, k] tile")
     if red.ext.const_value() != bk:
         raise refuse(mapping, f"the tile sum runs over {red.ext}, the staged k tile has {bk}")
-    if a_op.dims[-2] != m or (b_op.dims[-2:] != ((n, kdim) if b_transposed else (kdim, n))):
+    if (a_op.dims[-2:] != ((kdim, m) if a_transposed else (m, kdim))
+            or b_op.dims[-2:] != ((n, kdim) if b_transposed else (kdim, n))):
         raise refuse(mapping, f"operand shapes {a_op.dims} x {b_op.dims} -> {c_op.dims} are not a matrix product")
     fixed = k.fixed()
     if loop.ext != Ext.of(kdim, bk) and not (kdim in fixed and loop.ext == Ext.of(fixed[kdim], bk)):
         raise refuse(mapping, f"the k loop runs {loop.var} < {loop.ext}, not over every tile of {kdim}")
     # guards: every condition is a tile tail bound this mapping zero-fills or guards
     guarded: set[str] = set()
-    tiles_a = {ar: (g_m, bm), ac: (loop.var, bk)}
     tiles_b = {br: ((loop.var, bk) if not b_transposed else (g_n, bn)), bc: ((g_n, bn) if not b_transposed else (loop.var, bk))}
     for conds, tiles, who in ((ga, tiles_a, sa.buf.name), (gb, tiles_b, sb.buf.name)):
         for c in conds:
@@ -174,7 +181,7 @@ def match(k: Kernel, mapping: str) -> ContractionPlan:
     for t in (epi.tensors if epi else ()):
         sizes_used |= set(t.dims)
     return ContractionPlan(
-        kernel_name=k.name, a=a_op, b=b_op, c=c_op, b_transposed=b_transposed, m=m, n=n, k=kdim,
+        kernel_name=k.name, a=a_op, b=b_op, c=c_op, b_transposed=b_transposed, a_transposed=a_transposed, m=m, n=n, k=kdim,
         batch=c_op.dims[:-2], fixed=tuple((s, v) for s, v in k.sizes if v is not None and s in sizes_used),
         dynamic=tuple(s for s, v in k.sizes if v is None and s in sizes_used),
         block_m=bm, block_n=bn, block_k=bk, warps_m=warps[lane_r], warps_n=warps[lane_c],

@@ -5,7 +5,8 @@ A plan says *what* the kernel computes (operands, which size names play which ro
 It is plain data: frozen dataclasses, no behaviour beyond validation and small lookups.
 
 ContractionPlan: c[batch..., m, n] = epilogue(sum_k a[batch..., m, k] * b[batch..., k, n])
-    (b stored [..., n, k] when b_transposed), fp32 accumulation, output dtype c.dtype; the
+    (a stored [..., k, m] when a_transposed, b stored [..., n, k] when b_transposed: the layouts
+    NN / NT / TN / TT, `layout(plan)`), fp32 accumulation, output dtype c.dtype; the
     epilogue (EpiloguePlan, printed from the kernel IR's stored value) is the identity when None.
 AttentionPlan: o[b,h,i,:] = sum_j softmax_j(scale * q[b,h,i,:].k[b,h,j,:], MASK) v[b,h,j,:]
     for any layout whose head dim is innermost: each operand's `roles` say which dim holds the
@@ -66,6 +67,7 @@ class ContractionPlan:
     b: Operand
     c: Operand
     b_transposed: bool
+    a_transposed: bool       # a stored [.., k, m] (read as [m, k]): a gradient's Aᵀ·dC
     m: str
     n: str
     k: str
@@ -151,6 +153,11 @@ def size_names(plan: Plan) -> tuple[str, ...]:
     return tuple(seen)
 
 
+def layout(plan: ContractionPlan) -> str:
+    """BLAS-style layout name: first letter a, second b; 'T' when stored transposed."""
+    return ("T" if plan.a_transposed else "N") + ("T" if plan.b_transposed else "N")
+
+
 def check_plan(plan: Plan) -> None:
     """Structural checks every lowering must satisfy; raises ValueError naming the field."""
     fixed = dict(plan.fixed)
@@ -172,9 +179,10 @@ def check_plan(plan: Plan) -> None:
         raise ValueError(f"grid loops repeat: {loops}")
     if isinstance(plan, ContractionPlan):
         a, b, c = plan.a, plan.b, plan.c
+        at = (plan.k, plan.m) if plan.a_transposed else (plan.m, plan.k)
         bt = (plan.n, plan.k) if plan.b_transposed else (plan.k, plan.n)
-        if a.dims[-2:] != (plan.m, plan.k):
-            raise ValueError(f"operand {a.name}: last dims {a.dims[-2:]} != ({plan.m}, {plan.k})")
+        if a.dims[-2:] != at:
+            raise ValueError(f"operand {a.name}: last dims {a.dims[-2:]} != {at}")
         if b.dims[-2:] != bt:
             raise ValueError(f"operand {b.name}: last dims {b.dims[-2:]} != {bt}")
         if c.dims[-2:] != (plan.m, plan.n):

@@ -13,7 +13,7 @@ from codegen.mappings import launch
 from codegen.mappings.ctx_common import (DEFAULT_OPTIONS, Sizes, attn_addressing, contraction_grid_ctx, ident,
                                 params, source, tile_index, with_roles)
 from codegen.mappings.epilogue import lambdas
-from codegen.mappings.plan import AttentionPlan, ContractionPlan, check_plan, threads
+from codegen.mappings.plan import AttentionPlan, ContractionPlan, check_plan, layout, threads
 from codegen.source import KernelSource
 
 
@@ -26,10 +26,13 @@ def _contraction_ctx(p: ContractionPlan) -> dict:
             raise ValueError(f"operand {op.name}: level {op.level!r} unsupported for a contraction")
     if p.stages < 1:
         raise ValueError("stages must be >= 1")
+    if p.a_transposed and p.a.level != "shared":
+        raise ValueError(f"layout {layout(p)}: A stored [{p.k}, {p.m}] is read through ldmatrix.trans "
+                         f"from a staged tile; level {p.a.level!r} is not implemented (CACHE it)")
     nthreads = threads(p)
     ctx: dict = dict(kname=ident(p.kernel_name), threads=nthreads, stages=p.stages,
                      BM=p.block_m, BN=p.block_n, BK=p.block_k, WARPS_N=p.warps_n,
-                     mma=p.mma is not None, kn=not p.b_transposed, swizzle=p.swizzle,
+                     mma=p.mma is not None, kn=not p.b_transposed, km=p.a_transposed, swizzle=p.swizzle,
                      guard_m=p.guard_m, guard_n=p.guard_n, guard_k=p.guard_k,
                      a_dt=p.a.dtype, b_dt=p.b.dtype, c_dt=p.c.dtype,
                      a_ct=p.a.dtype + "_t", b_ct=p.b.dtype + "_t", c_ct=p.c.dtype + "_t",
@@ -41,11 +44,12 @@ def _contraction_ctx(p: ContractionPlan) -> dict:
     ea, eb = DTYPES[p.a.dtype].bytes, DTYPES[p.b.dtype].bytes
     ctx.update(a_elem=ea, b_elem=eb, a_vec=16 // ea, b_vec=16 // eb,
                a_tile=p.block_m * p.block_k, b_tile=p.block_k * p.block_n,
+               a_cols=p.block_m if p.a_transposed else p.block_k,
                b_cols=p.block_n if not p.b_transposed else p.block_k)
     for name, blk in (("block_m", p.block_m), ("block_n", p.block_n), ("block_k", p.block_k)):
         if blk <= 0 or blk & (blk - 1):
             raise ValueError(f"{name}={blk} must be a power of two")
-    if p.block_k * ea < 16 or (ctx["b_cols"] * eb) < 16:
+    if ctx["a_cols"] * ea < 16 or (ctx["b_cols"] * eb) < 16:
         raise ValueError("tile rows must hold at least one 16-byte chunk")
     if p.a.dtype != p.b.dtype or not DTYPES[p.a.dtype].mma_operand:
         raise ValueError(f"mma_sync needs a, b both f16 or both bf16, got {p.a.dtype}, {p.b.dtype}")
@@ -60,7 +64,8 @@ def _contraction_ctx(p: ContractionPlan) -> dict:
         raise ValueError("warp n-tile must be a multiple of 16 (ldmatrix x4 loads two n8 tiles)")
     ctx["pipelined"] = ctx["stage_a"] and ctx["stage_b"] and p.stages >= 2 and p.block_k >= 32
     # run-time alignment flags for guarded contiguous dims (cp.async needs 16-byte rows)
-    a_contig_guard = p.guard_k and p.k in p.dynamic
+    a_contig = p.m if p.a_transposed else p.k
+    a_contig_guard = (p.guard_m if p.a_transposed else p.guard_k) and a_contig in p.dynamic
     b_contig = p.k if p.b_transposed else p.n
     b_contig_guard = (p.guard_k if p.b_transposed else p.guard_n) and b_contig in p.dynamic
     ctx["a_aligned"] = "a_rows_aligned" if (ctx["stage_a"] and a_contig_guard) else None
@@ -85,10 +90,12 @@ def _contraction_ctx(p: ContractionPlan) -> dict:
     ctx["smem_bytes"] = lay["total"]
     # two CTAs per SM when the estimated registers and the shared memory allow it
     est = ctx["MI"] * ctx["NI"] * 4 + 2 * (ctx["MI"] * 4 + ctx["NI"] * 2) + 48
+    if p.a_transposed:  # per-mi ldmatrix offsets and the 64-bit k-row strides of the [k][m] copies:
+        est += 2 * ctx["MI"] + 16  # TT 128x64x32 on 2 x 4 warps takes 184 registers unbounded, NT 138
     ctx["min_blocks"] = 2 if (2 * nthreads * est <= DEVICE.regs_per_sm and 2 * lay["total"] <= DEVICE.smem_per_block) else 1
     ctx["b_smem_off"] = lay.get("b", 0)
     ctx.update(contraction_grid_ctx(p, sz))
-    ctx["summary"] = (f"mma.sync {p.block_m}x{p.block_n}x{p.block_k}, "
+    ctx["summary"] = (f"mma.sync {layout(p)} {p.block_m}x{p.block_n}x{p.block_k}, "
                       f"warps {p.warps_m}x{p.warps_n}, stages {p.stages}, a:{p.a.level} b:{p.b.level}, "
                       f"swizzle {p.swizzle}")
     return ctx | {"_arg_names": arg_names}

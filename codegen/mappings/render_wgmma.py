@@ -11,11 +11,12 @@ Mapping of the plan onto the machine:
     a multiple of 64 (MI = WM/64 wgmma row tiles), WN = block_n / warps_n <= 256. Inside a
     warpgroup, warp w holds rows 16w..16w+15 of every m64 tile (the wgmma accumulator layout),
     which is what the schedule's ``parallel ii -> warp`` with count warps_m says.
-  * operands: A [.., M, K] and B ([.., K, N], or [.., N, K] when b_transposed) staged in a
-    ``stages``-slot ring of 128-byte swizzled shared tiles, filled with 16-byte cp.async by all
-    threads; wgmma reads them through matrix descriptors (A K-major; B MN-major "transposed"
-    mode when stored [K, N], K-major when stored [N, K]). block_k is a multiple of 64 (one
-    128-byte swizzle row of f16/bf16).
+  * operands: A ([.., M, K], or [.., K, M] when a_transposed) and B ([.., K, N], or [.., N, K]
+    when b_transposed) staged as stored in a ``stages``-slot ring of 128-byte swizzled shared
+    tiles, filled with 16-byte cp.async by all threads; wgmma reads them through matrix
+    descriptors: an operand stored with k innermost is K-major, the other MN-major ("transposed",
+    the instruction's imm-trans-a / imm-trans-b = 1, which f16 / bf16 allow). block_k is a
+    multiple of 64 (one 128-byte swizzle row of f16/bf16).
   * pipeline: ``stages - 2`` tiles load ahead while one wgmma group stays in flight (stages >= 3);
     with stages == 2 the wgmma group is drained each k-tile.
   * tails: guard_m / guard_n / guard_k zero-fill the cp.async copies (src-size) and guard the
@@ -74,7 +75,7 @@ def _geometry(p: ContractionPlan, tma: bool = False) -> dict:
     wm, wn = bm // wgm, bn // wgn
     if wn > 256 or wn % 8:
         raise ValueError(f"warpgroup n-tile {wn} must be a multiple of 8 and <= 256 (wgmma m64nNk16)")
-    kn = not p.b_transposed
+    kn, km = not p.b_transposed, p.a_transposed
     if kn and (wn % 64 or bn % 64):
         raise ValueError(f"B stored [K, N] (MN-major) needs block_n and the warpgroup n-tile ({wn}) "
                          "to be multiples of 64 (128-byte swizzle atoms)")
@@ -88,15 +89,15 @@ def _geometry(p: ContractionPlan, tma: bool = False) -> dict:
     nwg = wgm * wgn
     bar_off = max(ring, bm * crow)
     total = bar_off + (2 * p.stages * 8 if tma else 0) + _ALIGN_SLACK
-    g = dict(WGM=wgm, WGN=wgn, NWG=nwg, WM=wm, WN=wn, MI=wm // 64, NREG=wn // 2, kn=kn,
+    g = dict(WGM=wgm, WGN=wgn, NWG=nwg, WM=wm, WN=wn, MI=wm // 64, NREG=wn // 2, kn=kn, km=km,
              threads=nthreads + (128 if tma else 0), tma=tma,
              A_STAGE=a_stage, B_STAGE=b_stage, B_OFF=p.stages * a_stage, CROW=crow, BAR_OFF=bar_off,
              CPR=bn * ec // 16, CVEC=16 // ec, c_elem=ec, smem_bytes=total,
              INFL=1 if p.stages >= 3 else 0, LOOK=p.stages - (2 if p.stages >= 3 else 1))
     if tma:
-        if bm > 256 or (not kn and bn > 256) or (kn and bk > 256):
-            raise ValueError("TMA boxes are at most 256 rows: block_m, block_n ([N, K] B) or "
-                             "block_k ([K, N] B) too large")
+        if (not km and bm > 256) or (not kn and bn > 256) or ((kn or km) and bk > 256):
+            raise ValueError("TMA boxes are at most 256 rows: block_m ([M, K] A), block_n ([N, K] B) "
+                             "or block_k ([K, M] A, [K, N] B) too large")
         if len(p.batch) > 1 or any(op.dims[:-2] != p.batch for op in (p.a, p.b)):
             raise ValueError("TMA path: at most one batch dim, carried by a, b and c alike")
         # producer warpgroup keeps REG_PRODUCER registers, consumers take the rest (multiples of 8)
@@ -111,7 +112,7 @@ def _context(p: ContractionPlan, tma: bool = False) -> dict:
     nthreads = g["threads"]
     ctx: dict = dict(g, kname=ident(p.kernel_name), stages=p.stages, BM=p.block_m, BN=p.block_n,
                      BK=p.block_k, ab_dt=p.a.dtype, ab_ct=p.a.dtype + "_t", c_dt=p.c.dtype,
-                     c_ct=p.c.dtype + "_t", trans_b=g["kn"], guard_m=p.guard_m, guard_n=p.guard_n,
+                     c_ct=p.c.dtype + "_t", trans_b=g["kn"], trans_a=g["km"], guard_m=p.guard_m, guard_n=p.guard_n,
                      guard_k=p.guard_k, M=sz.expr(p.m), N=sz.expr(p.n), K=sz.expr(p.k))
     ctx["params"], ctx["_arg_names"] = params(p, sz)
     ctx["epi"] = p.epilogue
@@ -131,6 +132,7 @@ def _context(p: ContractionPlan, tma: bool = False) -> dict:
     ctx["batch_index"] = f"bi_{ident(p.batch[0])}" if p.batch else "0"
     # run-time 16-byte row alignment flags (dynamic contiguous dims only; fixed ones are checked here)
     fixed = dict(p.fixed)
+    a_contig = p.m if ctx["km"] else p.k
     b_contig = p.n if ctx["kn"] else p.k
 
     def _align_flag(dim: str, flag: str) -> str | None:
@@ -140,7 +142,7 @@ def _context(p: ContractionPlan, tma: bool = False) -> dict:
             raise ValueError(f"fixed size {dim}={fixed[dim]} must be a multiple of 8 (16-byte rows)")
         return None
 
-    ctx["a_aligned"] = _align_flag(p.k, "a_rows_aligned")
+    ctx["a_aligned"] = _align_flag(a_contig, "a_rows_aligned")
     ctx["b_aligned"] = _align_flag(b_contig, "b_rows_aligned")
     if p.n in p.dynamic:
         ctx["c_vec_ok"] = f"(({ctx['N']} % {g['CVEC']}) == 0)"
@@ -150,7 +152,7 @@ def _context(p: ContractionPlan, tma: bool = False) -> dict:
     ctx["summary"] = (f"{'TMA warp-specialized' if tma else 'cp.async'}, wgmma m64n{g['WN']}k16 "
                       f"{p.block_m}x{p.block_n}x{p.block_k}, "
                       f"warpgroups {g['WGM']}x{g['WGN']}, stages {p.stages}, "
-                      f"B {'MN' if ctx['kn'] else 'K'}-major, 128B swizzle")
+                      f"A {'MN' if ctx['km'] else 'K'}-major, B {'MN' if ctx['kn'] else 'K'}-major, 128B swizzle")
     return ctx
 
 
@@ -173,11 +175,13 @@ def render_wgmma(plan: ContractionPlan, options: tuple[str, ...] = DEFAULT_OPTIO
 
 # ---------------------------------------------------------------- TMA tensor maps (host side)
 def tma_supported(plan: ContractionPlan, sizes: dict[str, int], ptrs: tuple[int, ...] = ()) -> bool:
-    """TMA needs 16-byte aligned base addresses and row strides (K, and N for B stored [K, N],
+    """TMA needs 16-byte aligned base addresses and row strides (the innermost dims of A and B,
     multiples of 8 elements); otherwise use the cp.async kernel (tma=False)."""
-    k, n = sizes[plan.k], sizes[plan.n]
-    return (k % 8 == 0 and (n % 8 == 0 or plan.b_transposed) and all(p % 16 == 0 for p in ptrs)
-            and k > 0 and sizes[plan.m] > 0 and n > 0)
+    m, k, n = sizes[plan.m], sizes[plan.k], sizes[plan.n]
+    a_row = m if plan.a_transposed else k
+    b_row = k if plan.b_transposed else n
+    return (a_row % 8 == 0 and b_row % 8 == 0 and all(p % 16 == 0 for p in ptrs)
+            and k > 0 and m > 0 and n > 0)
 
 
 def encode_tensor_maps(plan: ContractionPlan, sizes: dict[str, int], a_ptr: int, b_ptr: int,
@@ -190,7 +194,10 @@ def encode_tensor_maps(plan: ContractionPlan, sizes: dict[str, int], a_ptr: int,
     m, n, k = sizes[plan.m], sizes[plan.n], sizes[plan.k]
     bat = [sizes[plan.batch[0]]] if plan.batch else []
     one = [1] if plan.batch else []
-    a = tiled_map(plan.a.dtype, a_ptr, [k, m] + bat, [64, plan.block_m] + one)
+    if plan.a_transposed:  # [K, M]: boxes of 64 m x block_k rows, one per 64-wide panel
+        a = tiled_map(plan.a.dtype, a_ptr, [m, k] + bat, [64, plan.block_k] + one)
+    else:
+        a = tiled_map(plan.a.dtype, a_ptr, [k, m] + bat, [64, plan.block_m] + one)
     if plan.b_transposed:
         b = tiled_map(plan.b.dtype, b_ptr, [k, n] + bat, [64, plan.block_n] + one)
     else:

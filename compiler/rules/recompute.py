@@ -16,14 +16,12 @@ Theorem: softmax_recompute (lean/Derivc/Rules/Recompute.lean, proofs_ci/coq/Rule
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 from pydantic import Field
 
-from ..ir import Bin, Const, Def, Program, Read, Reduce, Softmax, TensorType, Un, fresh, names_in_program, subst_index
+from ..ir import Aff, Bin, Const, Def, Program, Read, Reduce, Softmax, TensorType, Un, fresh, names_in_program
 from . import register
-from .base import Facts, StepParams, guarded, replace_node
-from .split_softmax import SplitSoftmax
+from .base import Facts, StepParams, guarded
+from .split_softmax import SplitSoftmax, softmax_replaced
 
 
 class RecomputeParams(StepParams):
@@ -55,10 +53,7 @@ class Recompute(SplitSoftmax):
         d = prog.def_named(p.def_)
         node: Softmax = facts["site"]
         loops = tuple(lp for lp in d.loops if lp.var in facts["row_loops"])
-        row = tuple(lp.var for lp in loops)
-        from ..ir import Aff
-
-        idx = tuple(Aff.of(v) for v in row)
+        idx = tuple(Aff.of(lp.var) for lp in loops)
         shape = TensorType(tuple(lp.ext.single()[0] for lp in loops), "f32")
         m_read, lse_read = Read(facts["max"], idx), Read(facts["lse"], idx)
         zero, ninf = Const(0.0), Const(float("-inf"))
@@ -69,15 +64,7 @@ class Recompute(SplitSoftmax):
         m_def = Def(facts["max"], shape, loops, idx, Reduce("max", node.var, node.ext, masked(node.score, ninf)))
         total = Reduce("sum", node.var, node.ext, masked(Un("exp", Bin("-", node.score, m_read)), zero))
         lse_def = Def(facts["lse"], shape, loops, idx, Bin("+", m_read, Un("log", total)))
-        at_score = subst_index(node.score, node.var, node.at)
-        at_mask = tuple(c.subst(node.var, node.at) for c in node.mask)
-        prob = Un("exp", Bin("-", at_score, lse_read))
-        prob = guarded(at_mask, prob, zero) if at_mask else prob
-        new_p = replace(d, body=replace_node(d.body, node, prob))
-        defs = []
-        for x in prog.defs:
-            defs += [m_def, lse_def, new_p] if x.name == d.name else [x]
-        return replace(prog, defs=tuple(defs))
+        return softmax_replaced(prog, d, node, (m_def, lse_def), lambda s: Un("exp", Bin("-", s, lse_read)))
 
 
 register(Recompute())

@@ -13,11 +13,12 @@ Theorem: softmax_split (lean/Derivc/Rules/SplitSoftmax.lean, proofs_ci/coq).
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Callable
 
 from pydantic import Field
 
 from ..ir import (
-    Aff, Bin, Const, Def, Program, Read, Reduce, Softmax, TensorType, Un, free_indices, fresh,
+    Aff, Bin, Const, Def, Expr, Program, Read, Reduce, Softmax, TensorType, Un, free_indices, fresh,
     names_in_program, subst_index, walk,
 )
 from . import register
@@ -91,15 +92,22 @@ class SplitSoftmax(Rule):
             facts["sum"], shape, loops, row,
             Reduce("sum", node.var, node.ext, masked(Un("exp", Bin("-", score, m_read)), zero)),
         )
-        at_score = subst_index(score, node.var, node.at)
-        at_mask = tuple(c.subst(node.var, node.at) for c in mask)
-        prob = Bin("/", Un("exp", Bin("-", at_score, m_read)), Read(facts["sum"], row))
-        prob = guarded(at_mask, prob, zero) if at_mask else prob
-        new_p = replace(d, body=replace_node(d.body, node, prob))
-        defs = []
-        for x in prog.defs:
-            defs += [m_def, l_def, new_p] if x.name == d.name else [x]
-        return replace(prog, defs=tuple(defs))
+        return softmax_replaced(prog, d, node, (m_def, l_def),
+                                lambda s: Bin("/", Un("exp", Bin("-", s, m_read)), Read(facts["sum"], row)))
+
+
+def softmax_replaced(prog: Program, d: Def, node: Softmax, stats: tuple[Def, ...],
+                     prob: Callable[[Expr], Expr]) -> Program:
+    """d with its softmax node replaced by [mask at the position] ? prob(score there) : 0, and
+    the row statistics the probability reads defined just before d."""
+    at_score = subst_index(node.score, node.var, node.at)
+    at_mask = tuple(c.subst(node.var, node.at) for c in node.mask)
+    value = guarded(at_mask, prob(at_score), Const(0.0)) if at_mask else prob(at_score)
+    new_d = replace(d, body=replace_node(d.body, node, value))
+    defs = []
+    for x in prog.defs:
+        defs += [*stats, new_d] if x.name == d.name else [x]
+    return replace(prog, defs=tuple(defs))
 
 
 register(SplitSoftmax())

@@ -8,9 +8,9 @@ through the emulation, on the same random inputs, and the outputs are compared b
 or to the stated accuracy (ex2.approx / tanh.approx: the emulation computes exactly; mma and wgmma:
 the hardware's fp32 summation order inside one instruction is not specified, so sums agree to
 a few ulps of the sum of |products|).  wgmma covers every shape and operand layout the mappings
-emit (N = 64, 128, 256 with K-major and MN-major B, the register-A form, 128-byte swizzle with
-the templates' descriptors and k-step advances), plus random descriptors of the other swizzle
-modes.
+emit (N = 64, 128, 256 with K-major and MN-major B, MN-major A from shared memory (imm-trans-a, a
+gradient's Aᵀ), the register-A form, 128-byte swizzle with the templates' descriptors and k-step
+advances), plus random descriptors of the other swizzle modes.
 """
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ from codegen.mappings.ctx_common import DEFAULT_OPTIONS  # noqa: E402
 from codegen.mappings.templates_env import TEMPLATE_DIR  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-WGMMAS = [{"n": n, "trans_b": tb} for n in (64, 128, 256) for tb in (False, True)]
+WGMMAS = ([{"n": n, "trans_b": tb, "trans_a": False} for n in (64, 128, 256) for tb in (False, True)]
+          + [{"n": n, "trans_b": tb, "trans_a": True} for n in (64, 256) for tb in (False, True)])
 
 
 def render(dt: str) -> str:
@@ -181,17 +182,21 @@ def desc(addr: int, lbo: int, sbo: int, layout: int) -> int:
     return ((addr & 0x3FFFF) >> 4) | (((lbo >> 4) & 0x3FFF) << 16) | (((sbo >> 4) & 0x3FFF) << 32) | (layout << 62)
 
 
-def template_descs(n: int, trans_b: bool, ksteps: int) -> tuple[list[int], int]:
-    """The descriptors the templates issue (constructs/wgmma.cu.j2): A K-major [k/64][64 rows][64 k]
-    at 0, B after it, K-major [k/64][n rows][64 k] or MN-major [n/64][k rows][64 n]; 128-byte
-    swizzle; k-step ks: +32 bytes in the swizzle row (K-major), +2048 bytes (MN-major)."""
+def template_descs(n: int, trans_b: bool, ksteps: int, trans_a: bool = False) -> tuple[list[int], int]:
+    """The descriptors the templates issue (constructs/wgmma.cu.j2, contraction_wgmma.cu.j2): A at
+    0, K-major [k/64][64 rows][64 k] or MN-major [k rows][64 m]; B after it, K-major
+    [k/64][n rows][64 k] or MN-major [n/64][k rows][64 n]; 128-byte swizzle; k-step ks: +32 bytes
+    in the swizzle row (K-major), +2048 bytes (MN-major)."""
     panels = -(-ksteps // 4)
-    a_bytes = panels * 64 * 128
-    b_base = a_bytes
     rows_k = 16 * ksteps
+    a_bytes = rows_k * 128 if trans_a else panels * 64 * 128
+    b_base = a_bytes
     out = []
     for ks in range(ksteps):
-        da = desc((ks >> 2) * 64 * 128 + (ks & 3) * 32, 16, 1024, 1)
+        if trans_a:
+            da = desc(ks * 2048, rows_k * 128, 1024, 1)
+        else:
+            da = desc((ks >> 2) * 64 * 128 + (ks & 3) * 32, 16, 1024, 1)
         if trans_b:
             db = desc(b_base + ks * 2048, rows_k * 128, 1024, 1)
         else:
@@ -202,11 +207,12 @@ def template_descs(n: int, trans_b: bool, ksteps: int) -> tuple[list[int], int]:
 
 
 @pytest.mark.parametrize("dt", ["f16", "bf16"])
-@pytest.mark.parametrize("w", range(len(WGMMAS)), ids=[f"n{w['n']}_{'mn' if w['trans_b'] else 'k'}" for w in WGMMAS])
+@pytest.mark.parametrize("w", range(len(WGMMAS)), ids=[f"n{w['n']}_{'mn' if w['trans_b'] else 'k'}"
+                                                      f"{'_a_mn' if w['trans_a'] else ''}" for w in WGMMAS])
 def test_wgmma_template_descriptors(dt, w):
     cfg = WGMMAS[w]
     n, ksteps = cfg["n"], 8
-    descs, nbytes = template_descs(n, cfg["trans_b"], ksteps)
+    descs, nbytes = template_descs(n, cfg["trans_b"], ksteps, cfg["trans_a"])
     _wgmma_case(dt, w, np.array(descs, dtype=np.uint64), nbytes, ksteps, seed=10 + w)
 
 
