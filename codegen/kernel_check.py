@@ -66,7 +66,8 @@ def compare(got: np.ndarray, ref: np.ndarray, dtype: str) -> dict[str, Any]:
     finite_ref = np.isfinite(ref)
     bad = (~np.isfinite(got) & finite_ref) | (~finite_ref & (got != ref))  # an infinity of ref must be matched
     top = float(np.abs(ref[finite_ref]).max()) if finite_ref.any() else 0.0
-    diff = np.abs(np.where(finite_ref & np.isfinite(got), got - ref, 0.0))
+    with np.errstate(invalid="ignore"):  # inf - inf where both are infinite: not used
+        diff = np.abs(np.where(finite_ref & np.isfinite(got), got - ref, 0.0))
     worst = int(np.argmax(diff)) if diff.size else 0
     elem = (float(diff.flat[worst]) if diff.size else 0.0) / (top or 1.0)
     err = rel_error(got, ref)
