@@ -23,7 +23,7 @@ PENDING = sorted((ROOT / "examples" / "pending").glob("*_grad.yaml"))  # build r
 # relative norm error of each tensor against float64, by the tensor's dtype and the family: the
 # backward reads the f16 output O (FlashAttention-2's D = rowsum(dO O)) and rounds its results
 # to f16; large logits make dS = P (dP - D) cancel, so attention gets the loosest bound
-TOL = {"attention": 1e-2, "gemm": 5e-3, "norm": 5e-3}
+TOL = {"attention": 1e-2, "gemm": 2e-3, "norm": 2e-3}
 TOL_F32_OUTPUT = 1e-4  # f32 gradients (ALiBi's slopes are not differentiated; none today)
 
 
@@ -114,23 +114,25 @@ def rmsnorm(torch, x, sizes):
 def _attn_cases(d: int, lengths=(1, 77, 129, 1000), **fixed: int) -> tuple[Case, ...]:
     out = []
     for n in lengths:
-        batch = {"B": 2, "H": 3} if n <= 1000 else {"B": 1, "H": 2}
+        batch = {"B": 2, "H": 3} if n <= 129 else {"B": 1, "H": 2}  # the SIMT backward is O(N² D²) per head
         for logits in (1.0, 8.0):
             out.append(Case({**batch, "N": n, "D": d, **fixed}, logits))
     return tuple(out)
 
 
 def _gqa_cases() -> tuple[Case, ...]:
-    return tuple(Case({"B": 2, "HK": 2, "G": 2, "N": n, "D": 128}, lg) for n in (1, 77, 129, 1000) for lg in (1.0, 8.0))
+    return tuple(Case({"B": 2 if n <= 129 else 1, "HK": 2, "G": 2, "N": n, "D": 128}, lg)
+                 for n in (1, 77, 129, 1000) for lg in (1.0, 8.0))
 
 
 def _window_cases() -> tuple[Case, ...]:
-    return tuple(Case({"B": 2, "H": 3, "N": n, "D": 128, "W": w}, lg, ("W",))
-                 for n in (1, 77, 129, 1000) for w in (0, 1, 100) for lg in (1.0, 8.0))
+    """W = 0 empties every row; W = 1 leaves the diagonal; W = 100 cuts inside a 128-row tile."""
+    return tuple(Case({"B": 2 if n <= 129 else 1, "H": 3 if n <= 129 else 2, "N": n, "D": 128, "W": w}, lg, ("W",))
+                 for n, w in ((1, 0), (77, 0), (77, 1), (129, 100), (1000, 1), (1000, 100)) for lg in (1.0, 8.0))
 
 
 def _bottom_right_cases() -> tuple[Case, ...]:
-    return tuple(Case({"B": 2, "H": 3, "NQ": nq, "NK": nk, "D": 128}, lg)
+    return tuple(Case({"B": 2 if nq * nk < 20000 else 1, "H": 2, "NQ": nq, "NK": nk, "D": 128}, lg)
                  for nq, nk in ((77, 129), (129, 77), (1, 1000), (1000, 1), (1000, 1000)) for lg in (1.0, 8.0))
 
 
@@ -184,7 +186,7 @@ def trainings(tmp_path_factory):
 
     def get(path: Path) -> Any:
         if path.stem not in cache:
-            build_to(path, root / path.stem, proofs=False)
+            build_to(path, root / path.stem, seed=0, proofs=False)  # seed 0: as CI builds them
             cache[path.stem] = derivc.load_training(root / path.stem)
         return cache[path.stem]
 
@@ -224,9 +226,12 @@ CASES = [(p, i) for p in EXAMPLES for i in range(len(REFERENCES[p.stem].cases) i
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("path,case_index", CASES,
-                         ids=[f"{p.stem}-{REFERENCES[p.stem].cases[i].sizes}-x{REFERENCES[p.stem].cases[i].logits:g}"
-                              for p, i in CASES])
+def _case_id(path: Path, i: int) -> str:
+    case = REFERENCES[path.stem].cases[i]
+    return "-".join([path.stem, *(f"{k}{v}" for k, v in case.sizes.items()), f"x{case.logits:g}"])
+
+
+@pytest.mark.parametrize("path,case_index", CASES, ids=[_case_id(p, i) for p, i in CASES])
 def test_gradients_match_float64_autograd(torch, trainings, path: Path, case_index: int):
     ref = REFERENCES[path.stem]
     case = ref.cases[case_index]
