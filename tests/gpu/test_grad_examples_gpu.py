@@ -5,8 +5,8 @@ mask / bias / ALiBi / GQA / layout, GEMM with its epilogue, row norms), at lengt
 are not multiples of the tiles.  Attention runs at N = 1, 77, 129, 1000 (4097 for the causal d64
 example), plain and with logits x8; masks that leave rows without a key (strict causal's query 0,
 a window W = 0, bottom-right causal with NQ > NK) must give rows of exact zeros in the output and
-in dQ, and no NaN anywhere.  An example without an entry in REFERENCES fails: a new *_grad.yaml
-must say what it computes.
+in dQ, and no NaN anywhere.  An example without an entry in REFERENCES fails on the CPU
+(tests/test_grad_examples.py): a new *_grad.yaml must say what it computes.
 """
 from __future__ import annotations
 
@@ -160,12 +160,6 @@ REFERENCES: dict[str, Ref] = {
 }
 
 
-def test_every_grad_example_has_a_reference():
-    missing = [p.stem for p in EXAMPLES + PENDING if p.stem not in REFERENCES]
-    assert not missing, f"no torch reference for {missing}: add it to REFERENCES"
-    assert EXAMPLES, "no examples/*_grad.yaml"
-
-
 # -- the run -------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -225,12 +219,12 @@ def _rel(torch, got, want) -> float:
 CASES = [(p, i) for p in EXAMPLES for i in range(len(REFERENCES[p.stem].cases) if p.stem in REFERENCES else 0)]
 
 
-@pytest.mark.gpu
 def _case_id(path: Path, i: int) -> str:
     case = REFERENCES[path.stem].cases[i]
     return "-".join([path.stem, *(f"{k}{v}" for k, v in case.sizes.items()), f"x{case.logits:g}"])
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("path,case_index", CASES, ids=[_case_id(p, i) for p, i in CASES])
 def test_gradients_match_float64_autograd(torch, trainings, path: Path, case_index: int):
     ref = REFERENCES[path.stem]
