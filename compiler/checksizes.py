@@ -145,7 +145,7 @@ def choose_check_sizes(
     `programs[k]` is the program a step `steps[k]` (its raw parameters) was applied to; the
     lists may be shorter than the schedule (a replay that stopped early).
     """
-    declared = [n for n, _ in ir0.sizes]
+    declared = list(spec.sizes)  # a backward kernel's program may use only some of them
     for name, value in spec.check_sizes.items():
         if name not in declared:
             raise SpecError(f"check_sizes.{name}", f"unknown size {name!r} (declared: {', '.join(declared)})")

@@ -294,7 +294,20 @@ def build_to(file: Path, outdir: Path, *, seed: int | None = None, codegen: bool
 
 def write_backward(backward: Any, outdir: Path, *, codegen: bool, proofs: bool,
                    policy: Callable[[str], ProofPolicy]) -> None:
-    """OUT/grad/<kernel>/ (an ordinary build directory per backward kernel) and OUT/grad.json."""
+    """OUT/grad/proofs/ (the obligations of grad.schedule's steps, checked by coqc like a
+    build's), OUT/grad/<kernel>/ (an ordinary build directory per backward kernel) and
+    OUT/grad.json."""
+    obligations = _optional("compiler.obligations") if proofs else None
+    if obligations is not None and backward.shared.steps:
+        where = outdir / "grad" / "proofs"
+        obligations.write_obligations(backward.shared, where)
+        shared = policy("")
+        if shared.recorded is None and shared.check and proofcheck.coqc_path() is not None:
+            check = proofcheck.start_check(where, use_cache=shared.use_cache).result()
+            if check.failure is not None:
+                raise ProofCheckError(f"{backward.file}: grad.schedule: {check.failure.failure_line()}",
+                                      EXIT_VERIFY_FAILED)
+            backward.schedule_proofs = check
     for k in backward.kernels:
         sub = outdir / "grad" / k.grad_kernel
         sub.mkdir(parents=True)
@@ -340,6 +353,10 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
             ran = "" if not kc or kc["numeric"].get("skipped") else \
                 f", run on the CPU (worst {max(r['rel_error'] for r in kc['numeric']['draws']):.1e})"
             out.line(f"backward kernel {k.grad_kernel}: {len(k.steps)} steps{ran}; {k.proof_check.line()}")
+        check = getattr(backward, "schedule_proofs", None)
+        if backward.shared.steps:
+            out.line(f"grad.schedule: {len(backward.shared.steps)} steps; "
+                     + (check.line() if check is not None else "proofs not checked"))
     out.line(f"wrote {args.output} (final program {d.final.digest()})", style="green")
     return EXIT_OK
 

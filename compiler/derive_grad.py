@@ -24,7 +24,7 @@ from .draws import plan_draws
 from .errors import DerivationError, SpecError, did_you_mean
 from .grad import RULE, Gradient, differentiate
 from .grad_check import TOLERANCE, check_gradient
-from .ir import Program, tensors_read
+from .ir import Program, free_indices, tensors_read
 from .kernel_view import kernel_inputs
 from .lower_spec import lower_spec
 from .spec import GradDecl, SpecFile
@@ -93,7 +93,14 @@ def cut_kernel(prog: Program, output: str, available: dict[str, str], file: str 
             live |= tensors_read(d.body)
     defs = tuple(replace(d, computed_by=available.get(d.name, "")) for d in prog.defs if d.name in live)
     inputs = tuple((n, t) for n, t in prog.inputs if n in live)  # what the cut reads, nothing more
-    return replace(prog, inputs=inputs, defs=defs, output=output, facts=())
+    used: set[str] = set()  # the sizes the cut's meaning uses (dC0 = dC needs no K)
+    for _, t in inputs:
+        used |= set().union(*(a.names() for a in t.dims))
+    for d in defs:
+        used |= set().union(*(a.names() for a in d.type.dims), *(lp.ext.names() for lp in d.loops))
+        used |= free_indices(d.body)
+    sizes = tuple((n, v) for n, v in prog.sizes if n in used)
+    return replace(prog, sizes=sizes, inputs=inputs, defs=defs, output=output, facts=())
 
 
 def derive_gradient(spec: SpecFile, file: str = "", *, seed: int | None = None, check: bool = True) -> GradDerivation:

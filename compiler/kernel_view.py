@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .ir import Def, Program, tensors_read
+from .ir import Def, Program, free_indices, tensors_read
 
 
 def computed_here(prog: Program) -> list[Def]:
@@ -44,4 +44,12 @@ def kernel_view(prog: Program) -> Program:
         return prog
     types = {n: t for n, t in prog.inputs} | {d.name: d.type for d in prog.defs}
     inputs = tuple((n, types[n]) for n in kernel_inputs(prog))
-    return replace(prog, inputs=inputs, defs=tuple(computed_here(prog)))
+    defs = tuple(computed_here(prog))
+    used: set[str] = set()  # sizes only the other steps' definitions use are not the kernel's
+    for _, t in inputs:
+        used |= set().union(*(a.names() for a in t.dims))
+    for d in defs:
+        used |= set().union(*(a.names() for a in d.type.dims), *(lp.ext.names() for lp in d.loops))
+        used |= free_indices(d.body)
+    sizes = tuple((n, v) for n, v in prog.sizes if n in used)
+    return replace(prog, sizes=sizes, inputs=inputs, defs=defs)

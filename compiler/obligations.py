@@ -27,6 +27,7 @@ Rule by rule (what is stated):
   MASK              the truncated fold/reduction: skipped iterations leave the state unchanged
                     (sumTo_guard_trunc / foldN_trunc)
   MAP-MMA           the sum = its mma16 grouping (the meaning of the mma fact)  mma_tile
+  RECOMPUTE / SOFTMAX-ROWTERM (the backward): compiler/obligations_bwd.py
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ from .obligations_base import (
     Obligation, Thm, online_parts, running_max_lam, _at_path, _binders, _c, _def_hyps, _l, _def_pair, _eq_thm, _exporter,
     _failed_text, _find_path, _lam_of, _ob, _path_hyps, _thm_name, coq_text, lean_text,
 )
+from .obligations_bwd import ob_recompute, ob_rowterm
 from .obligations_frame import others_thm, site_frame, store_frame
 from .obligations_safety import safety_index, safety_obligation
 from .obligations_terms import A, ExportError, Exporter, Lam, N, Term, V, conj
@@ -503,6 +505,12 @@ GENERATORS = {
 }
 
 
+BACKWARD = {
+    "recompute": lambda rec, b, a: ob_recompute(rec, b, a, _site, _finish),
+    "softmax_rowterm": lambda rec, b, a: ob_rowterm(rec, b, a, _site, _finish),
+}
+
+
 def _finish(ob: Obligation, *exs: Exporter) -> Obligation:
     for ex in exs:
         frame = getattr(ex, "frame", None)
@@ -519,6 +527,8 @@ def _finish(ob: Obligation, *exs: Exporter) -> Obligation:
 def obligation_for(rec, before: Program, after: Program) -> Obligation:
     if rec.kind == "FUSE":
         gen = ob_unfuse if rec.rule == "unfuse" else ob_fuse
+    elif rec.rule in BACKWARD:  # softmax_rowterm's kind is ASSOC
+        gen = BACKWARD[rec.rule]
     else:
         gen = GENERATORS.get(rec.kind)
     if gen is None:

@@ -2,6 +2,7 @@
 obligation records, path / binder helpers, and the Coq / Lean file texts."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,7 @@ class Obligation:
     after: str = ""
     notes: list[str] = field(default_factory=list)
     consts: dict[str, str] = field(default_factory=dict)
+    uses_log: bool = False  # the proof uses the class KAlgLog (RECOMPUTE), whatever the statement says
 
 
 # --------------------------------------------------------------------------- helpers
@@ -183,6 +185,12 @@ def _statement(t: Thm, lang: str) -> str:
     return render(("forall", t.binders, body), lang)
 
 
+def uses_log(ob: Obligation) -> bool:
+    """Whether a statement applies log: the algebra's log is the class KAlgLog (its laws have no
+    model without axioms, proofs_ci/README.md), declared only by the obligations that need it."""
+    return ob.uses_log or any(re.search(r"(?<![\w.])log(?![\w'])", _statement(t, "coq")) for t in ob.thms)
+
+
 def coq_text(ob: Obligation) -> str:
     sec = f"Step{ob.step:02d}"
     out = [f"(* derivc obligation: step {ob.step}, rule {ob.rule} ({ob.kind}), theorem {ob.theorem}.",
@@ -194,7 +202,8 @@ def coq_text(ob: Obligation) -> str:
         out.append("   constants: " + ", ".join(f"{k} = {v}" for k, v in ob.consts.items()))
     out.append("   before/after terms are exported from IR_{k-1} / IR_k; see index.json. *)")
     out.append(COQ_HEADER)
-    out.append(f"Section {sec}.\nContext {{R : Type}} {{KA : KAlg R}}.\n"
+    log = " {KL : KAlgLog R}" if uses_log(ob) else ""
+    out.append(f"Section {sec}.\nContext {{R : Type}} {{KA : KAlg R}}{log}.\n"
                f"Add Ring derivc_ring : (@kalg_ring R KA).\n")
     for t in ob.thms:
         out.append(f"Theorem {t.name} :\n  {_statement(t, 'coq')}.\nProof.\n  {t.proof}\nQed.\n")
@@ -209,7 +218,7 @@ def lean_text(ob: Obligation) -> str:
            "   (no Lean toolchain): Lean is \"not checked\" until `lake env lean` runs on this file.",
            f"   checked (Coq): {ob.checked} -/",
            "import Derivc", "", "namespace Derivc", "open Derivc", "",
-           "variable {R : Type} [KAlg R]", ""]
+           "variable {R : Type} [KAlg R]" + (" [KAlgLog R]" if uses_log(ob) else ""), ""]
     for t in ob.thms:
         out.append(f"theorem {t.name} :\n    {_statement(t, 'lean')} := {t.lean_proof}\n")
     out.append("end Derivc\n")

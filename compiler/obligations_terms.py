@@ -377,6 +377,8 @@ class Exporter:
             return self.read(e, env), self.read_type(e, env)
         if isinstance(e, Bin):
             (a, ta), (b, tb) = self.texpr(e.a, env), self.texpr(e.b, env)
+            if e.op == "+" and EXT in (ta, tb) and FIN in (ta, tb):  # M + log L with M maybe -inf
+                return (A("eadd", a, b) if ta == EXT else A("eadd", b, a)), EXT
             if e.op == "max":
                 return A("max", self.lift(a, ta, EXT), self.lift(b, tb, EXT)), EXT
             if e.op == "rescale":

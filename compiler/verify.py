@@ -129,7 +129,7 @@ def rebuild(build: Path, into: Path) -> None:
                 k.seed_given, k.spec_text = d.seed_given, d.spec_text
 
             def policy(kernel: str) -> ProofPolicy:
-                sub = _load_trace(build / "grad" / kernel) if (build / "grad" / kernel).is_dir() else trace
+                sub = _load_trace(build / "grad" / kernel) if kernel and (build / "grad" / kernel).is_dir() else trace
                 return ProofPolicy(recorded=proofcheck.from_trace(sub) or recorded)
 
             write_backward(backward, into, codegen=codegen, proofs=recorded.reason != proofcheck.SKIPPED, policy=policy)
@@ -302,7 +302,18 @@ def check_copy(build: Path) -> tuple[list[dict[str, Any]], bool]:
 
 
 def _coq_failure(r: dict[str, Any]) -> str:
-    return f"step {r['step']} ({r['rule']}): proof obligation proofs/{r['file']} failed: {r['coq_output']}"
+    path = r["file"] if "/" in r["file"] else f"proofs/{r['file']}"
+    return f"step {r['step']} ({r['rule']}): proof obligation {path} failed: {r['coq_output']}"
+
+
+def proof_dirs(build: Path) -> list[Path]:
+    """DIR, then a backward's grad/ (grad.schedule's obligations) and grad/<kernel>/ (each
+    backward kernel's): every directory whose proofs/ verify checks."""
+    grad = build / "grad"
+    more = [grad] if (grad / "proofs").is_dir() else []
+    if grad.is_dir():
+        more += sorted(p for p in grad.iterdir() if p.is_dir() and p.name != "proofs")
+    return [build] + more
 
 
 def _lean_summary() -> str:
@@ -352,10 +363,17 @@ def main(args: Any) -> int:
         return EXIT_UNAVAILABLE
     rows: list[dict[str, Any]] = []
     proof_error = ""
-    try:
-        rows, coq_ok = check_copy(build)
-    except (FileNotFoundError, proofcheck.CoqLibraryError, proofcheck.BadIndex) as exc:
-        coq_ok, proof_error = False, " ".join(str(exc).split())
+    coq_ok = True
+    for where in proof_dirs(build):
+        try:
+            got, ok = check_copy(where)
+        except (FileNotFoundError, proofcheck.CoqLibraryError, proofcheck.BadIndex) as exc:
+            coq_ok, proof_error = False, proof_error or " ".join(str(exc).split())
+            continue
+        prefix = where.relative_to(build).as_posix()
+        rows += [{**r, "step": f"{prefix}/{r['step']}" if prefix != "." else r["step"],
+                  "file": f"{prefix}/proofs/{r['file']}" if prefix != "." else r["file"]} for r in got]
+        coq_ok = coq_ok and ok
     if rows:
         out.table(["step", "rule", "theorem", "obligation", "Coq", "Lean"],
                   [[str(r["step"]), r["rule"], r["theorem"], r["obligation"], r["coq"], r["lean"]] for r in rows],

@@ -12,3 +12,6 @@ import Derivc.Rules.SplitSoftmax
 import Derivc.Rules.OnlineAgg
 import Derivc.Rules.MapMma
 import Derivc.Tactics
+import Derivc.Rules.Recompute
+import Derivc.Rules.SoftmaxBwd
+import Derivc.Rules.SoftmaxVjp

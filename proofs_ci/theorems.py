@@ -28,6 +28,12 @@ RULE_THEOREMS: dict[str, tuple[str, ...]] = {
     "ONLINE_AGG": ("online_agg", "online_invariant", "online_agg_guard", "online_softmax"),
     "MASK": ("sumTo_guard_trunc",),
     "MAP_MMA": ("mma_tile",),
+    # the backward pass (issue 16): P from the saved LSE, and FlashAttention-2's row term D
+    "RECOMPUTE": ("softmax_recompute", "softmax_recompute_max"),
+    "SOFTMAX_BWD_ROWTERM": ("softmax_bwd_rowterm",),
+    # not a rewrite rule: the algebraic identity behind GRAD's softmax adjoint (no per-step
+    # obligation; GRAD is validated numerically)
+    "SOFTMAX_VJP": ("softmax_vjp_row",),
 }
 
 # where a reader finds each rule's proofs (Coq file, Lean file), relative to the repo root
@@ -44,6 +50,10 @@ RULE_FILES: dict[str, tuple[str, str]] = {
     "ONLINE_AGG": ("proofs_ci/coq/Rules/OnlineAgg.v", "lean/Derivc/Rules/OnlineAgg.lean"),
     "MASK": ("proofs_ci/coq/Rules/Mask.v", "lean/Derivc/Rules/Mask.lean"),
     "MAP_MMA": ("proofs_ci/coq/Rules/MapMma.v", "lean/Derivc/Rules/MapMma.lean"),
+    "RECOMPUTE": ("proofs_ci/coq/Rules/Recompute.v", "lean/Derivc/Rules/Recompute.lean"),
+    "SOFTMAX_BWD_ROWTERM": ("proofs_ci/coq/Rules/SoftmaxBwd.v",
+                            "lean/Derivc/Rules/SoftmaxBwd.lean"),
+    "SOFTMAX_VJP": ("proofs_ci/coq/Rules/SoftmaxVjp.v", "lean/Derivc/Rules/SoftmaxVjp.lean"),
 }
 
 # exp_ne_zero is a derived algebra fact (Algebra.v / Algebra.lean) used by SPLIT_SOFTMAX
@@ -354,7 +364,7 @@ def compiler_rule_errors(root: Path) -> list[str]:
 
 # where the obligations' proofs come from: the exporter's proof scripts and the Coq tactics
 OBLIGATION_SOURCES = ("compiler/obligations.py", "compiler/obligations_base.py",
-                      "compiler/obligations_frame.py")
+                      "compiler/obligations_frame.py", "compiler/obligations_bwd.py")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_']*")
 _COQ_LTAC = re.compile(r"(?m)^[ \t]*Ltac[ \t]+([A-Za-z_][A-Za-z0-9_']*)")
 _COQ_DEF = re.compile(r"(?m)^[ \t]*(?:Definition|Fixpoint)[ \t]+([A-Za-z_][A-Za-z0-9_']*)")

@@ -37,8 +37,13 @@ class KAlg (R : Type) where
   /-- finite max = the larger of the two (the join) -/
   rmax_l : ∀ a b : R, le b a → rmax a b = a
   rmax_r : ∀ a b : R, le a b → rmax a b = b
-  /-- exp is monotone -/
+  /-- exp is monotone and nonnegative (exp a ≠ 0 is derived, so exp a > 0) -/
   exp_mono : ∀ a b : R, le a b → le (exp a) (exp b)
+  exp_nonneg : ∀ a : R, le zero (exp a)
+  /-- the 0/1 step of the order: gt a b = 1 if a > b else 0 (the derivative of max) -/
+  gt : R → R → R
+  gt_true : ∀ a b : R, ¬ le a b → gt a b = one
+  gt_false : ∀ a b : R, le a b → gt a b = zero
 
 /-- the extended values: finite, or -infinity as its own constructor (Coq: Fin / NInf) -/
 inductive Ext (R : Type) where
@@ -166,6 +171,54 @@ theorem exp_le_one (a : R) (h : KAlg.le a KAlg.zero) : KAlg.le (KAlg.exp a) KAlg
   have e := KAlg.exp_mono a KAlg.zero h
   rw [KAlg.exp_zero] at e
   exact e
+
+/-- the strict order (Coq: `rlt`); exp is positive -/
+def rlt (a b : R) : Prop := KAlg.le a b ∧ a ≠ b
+
+theorem exp_pos (a : R) : rlt KAlg.zero (KAlg.exp a) :=
+  ⟨KAlg.exp_nonneg a, fun h => exp_ne_zero a h.symm⟩
+
+theorem rlt_ne_zero (a : R) (h : rlt KAlg.zero a) : a ≠ KAlg.zero := fun e => h.2 e.symm
+
+theorem le_add_nonneg_l (a b : R) (h : KAlg.le KAlg.zero a) : KAlg.le b (KAlg.add a b) := by
+  have e := KAlg.le_add_r KAlg.zero a b h
+  rw [add_0_l] at e
+  exact e
+
+theorem add_nonneg (a b : R) (ha : KAlg.le KAlg.zero a) (hb : KAlg.le KAlg.zero b) :
+    KAlg.le KAlg.zero (KAlg.add a b) :=
+  KAlg.le_trans _ _ _ hb (le_add_nonneg_l a b ha)
+
+theorem add_nonneg_pos (a b : R) (ha : KAlg.le KAlg.zero a) (hb : rlt KAlg.zero b) :
+    rlt KAlg.zero (KAlg.add a b) := by
+  refine ⟨add_nonneg a b ha hb.1, ?_⟩
+  intro z
+  apply hb.2
+  apply KAlg.le_antisym _ _ hb.1
+  rw [z]
+  exact le_add_nonneg_l a b ha
+
+theorem add_pos_nonneg (a b : R) (ha : rlt KAlg.zero a) (hb : KAlg.le KAlg.zero b) :
+    rlt KAlg.zero (KAlg.add a b) := by
+  rw [KAlg.add_comm a b]
+  exact add_nonneg_pos b a hb ha
+
+theorem neg_add (a b : R) : KAlg.neg (KAlg.add a b) = KAlg.add (KAlg.neg a) (KAlg.neg b) := by
+  apply add_cancel_l (KAlg.add a b)
+  rw [KAlg.add_neg, add_swap4, KAlg.add_neg a, KAlg.add_neg b, KAlg.add_zero]
+
+/-- x - (m + l) = (x - m) - l -/
+theorem sub_add_r (x m l : R) : sub x (KAlg.add m l) = sub (sub x m) l := by
+  show KAlg.add x (KAlg.neg (KAlg.add m l)) = KAlg.add (KAlg.add x (KAlg.neg m)) (KAlg.neg l)
+  rw [neg_add, KAlg.add_assoc]
+
+/-- a left inverse of a nonzero element is its inverse -/
+theorem inv_of_mul_one (a b : R) (ha : a ≠ KAlg.zero) (h : KAlg.mul b a = KAlg.one) :
+    b = KAlg.inv a := by
+  rw [← KAlg.mul_one b, ← KAlg.mul_inv a ha, ← KAlg.mul_assoc, h, mul_1_l]
+
+/-- the step function gt at equal arguments is 0 -/
+theorem gt_refl (a : R) : KAlg.gt a a = KAlg.zero := KAlg.gt_false a a (le_refl a)
 
 /-! Extended values (Coq: Algebra.v, section Derived): no ring arithmetic on -inf. -/
 
@@ -362,5 +415,41 @@ theorem rescale_safe_defined (a b : Ext R) (h : rescale_safe a b) :
 
 /-- exp (-inf - (-inf)) is NaN: never safe -/
 theorem expd_safe_ninf_ninf : ¬ expd_safe (Ext.ninf : Ext R) Ext.ninf := fun h => h
+
+end Derivc
+
+/-! The logarithm (Coq: `Class KAlgLog`): a separate class, since its laws make exp a bijection
+onto the positive elements, which the rational model (exp := 1) cannot satisfy.  Only the
+theorems that mention log assume it. -/
+namespace Derivc
+
+class KAlgLog (R : Type) [KAlg R] where
+  log : R → R
+  exp_log : ∀ a : R, rlt KAlg.zero a → KAlg.exp (log a) = a
+  log_exp : ∀ a : R, log (KAlg.exp a) = a
+
+section LogDerived
+variable {R : Type} [KAlg R] [KAlgLog R]
+
+/-- `KAlg.log`: the obligations' spelling of the class KAlgLog's log (Coq: `log`) -/
+abbrev KAlg.log (a : R) : R := KAlgLog.log a
+
+/-- exp (- log a) = 1 / a for a > 0 -/
+theorem exp_neg_log (a : R) (ha : rlt KAlg.zero a) :
+    KAlg.exp (KAlg.neg (KAlgLog.log a)) = KAlg.inv a := by
+  apply inv_of_mul_one a _ (rlt_ne_zero a ha)
+  have e : KAlg.mul (KAlg.exp (KAlg.neg (KAlgLog.log a))) (KAlg.exp (KAlgLog.log a)) = KAlg.one := by
+    rw [← KAlg.exp_add, KAlg.add_comm (KAlg.neg (KAlgLog.log a)) (KAlgLog.log a), KAlg.add_neg,
+      KAlg.exp_zero]
+  rw [KAlgLog.exp_log a ha] at e
+  exact e
+
+/-- exp (x - log l) = exp x / l for l > 0 -/
+theorem exp_sub_log (x l : R) (hl : rlt KAlg.zero l) :
+    KAlg.exp (sub x (KAlgLog.log l)) = div (KAlg.exp x) l := by
+  show KAlg.exp (sub x (KAlgLog.log l)) = KAlg.mul (KAlg.exp x) (KAlg.inv l)
+  rw [exp_sub, exp_neg_log l hl]
+
+end LogDerived
 
 end Derivc

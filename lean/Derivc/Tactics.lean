@@ -314,6 +314,16 @@ theorem ele_maxTo_at (n : Nat) (f : Nat → Ext R) (x : Ext R) (h : ∃ j, j < n
   cases h with
   | intro j hj => rw [hj.2]; exact ele_maxTo n f j hj.1
 
+/-- x is one of the maximised values of a masked max: the value at a live key -/
+theorem ele_maxTo_sel (n : Nat) (g : Nat → Bool) (f : Nat → Ext R) (x : Ext R) (j : Nat)
+    (e : x = f j) (hj : j < n) (hg : g j = true) :
+    ele x (maxTo n (fun k => sel (g k) (f k) Ext.ninf)) := by
+  apply ele_maxTo_at
+  exact ⟨j, hj, by
+    rw [e]
+    show f j = (if g j = true then f j else Ext.ninf)
+    rw [if_pos hg]⟩
+
 theorem ele_foldN {S : Type} (step : Nat → S → S) (s0 : S) (proj : S → Ext R) (n o : Nat)
     (x : Ext R) :
     (∀ k s, k < n → ele (proj s) (proj (step k s))) → o < n →
@@ -347,6 +357,7 @@ macro_rules
       | exact True.intro
       | (apply ele_max_r_of; derivc_ele)
       | (apply ele_max_l_of; derivc_ele)
+      | (apply ele_maxTo_sel; rfl; omega; (derivc_red; derivc_facts; omega))
       | (apply ele_maxTo_at; exact ⟨_, by omega, rfl⟩))
 
 /-- goal `a ≠ Ext.ninf` for the score of an exp site, under the site's select conditions -/

@@ -16,7 +16,13 @@
 
    R is totally ordered (`le`, compatible with +), rmax is the join of that order, exp is
    monotone; -inf (NInf) is below every extended value (`ele`).  The order is what the
-   safety obligations use: every exp argument s - m with m a running max is <= 0. *)
+   safety obligations use: every exp argument s - m with m a running max is <= 0.
+   `gt` is the order's 0/1 step (d max(a, b) / da = gt a b).
+
+   The natural logarithm is NOT a field of KAlg: it lives in the extension class KAlgLog
+   (end of this file), with exp (log a) = a for a > 0 and log (exp a) = a.  Those force exp to
+   be a bijection onto the positive elements, which the axiom-free rational model (exp := 1)
+   cannot satisfy; only the theorems that use log (RECOMPUTE) assume KAlgLog. *)
 
 Class KAlg (R : Type) := {
   zero : R;
@@ -54,8 +60,13 @@ Class KAlg (R : Type) := {
   (* finite max = the larger of the two (the join); -infinity (its unit) lives in ext R *)
   rmax_l : forall a b : R, le b a -> rmax a b = a;
   rmax_r : forall a b : R, le a b -> rmax a b = b;
-  (* exp is monotone *)
-  exp_mono : forall a b : R, le a b -> le (exp a) (exp b)
+  (* exp is monotone and nonnegative (exp a <> 0 is derived: exp_ne_zero; so exp a > 0) *)
+  exp_mono : forall a b : R, le a b -> le (exp a) (exp b);
+  exp_nonneg : forall a : R, le zero (exp a);
+  (* the step function of the order: gt a b = 1 if a > b else 0 (the derivative of max) *)
+  gt : R -> R -> R;
+  gt_true : forall a b : R, ~ le a b -> gt a b = one;
+  gt_false : forall a b : R, le a b -> gt a b = zero
 }.
 
 (* the extended values: finite, or -infinity as its own constructor *)
@@ -221,6 +232,57 @@ Qed.
 
 Lemma exp_le_one : forall a : R, le a zero -> le (exp a) one.
 Proof. intros a E. rewrite <- exp_zero. apply exp_mono. exact E. Qed.
+
+(* the strict order; exp is positive *)
+Definition rlt (a b : R) : Prop := le a b /\ a <> b.
+
+Lemma exp_pos : forall a : R, rlt zero (exp a).
+Proof.
+  intros a. split; [apply exp_nonneg |].
+  intros E. apply (exp_ne_zero a). symmetry. exact E.
+Qed.
+
+Lemma rlt_ne_zero : forall a : R, rlt zero a -> a <> zero.
+Proof. intros a [_ E] F. apply E. symmetry. exact F. Qed.
+
+Lemma le_add_nonneg_l : forall a b : R, le zero a -> le b (add a b).
+Proof.
+  intros a b E. pose proof (le_add_r zero a b E) as F. rewrite add_0_l in F. exact F.
+Qed.
+
+Lemma add_nonneg : forall a b : R, le zero a -> le zero b -> le zero (add a b).
+Proof. intros a b Ea Eb. apply (le_trans zero b (add a b) Eb). apply le_add_nonneg_l. exact Ea. Qed.
+
+Lemma add_nonneg_pos : forall a b : R, le zero a -> rlt zero b -> rlt zero (add a b).
+Proof.
+  intros a b Ea [Eb Nb]. split; [apply add_nonneg; assumption |].
+  intros Z. apply Nb. apply le_antisym; [exact Eb |].
+  rewrite Z. apply le_add_nonneg_l. exact Ea.
+Qed.
+
+Lemma add_pos_nonneg : forall a b : R, rlt zero a -> le zero b -> rlt zero (add a b).
+Proof. intros a b Ea Eb. rewrite add_comm. apply add_nonneg_pos; assumption. Qed.
+
+Lemma neg_add : forall a b : R, neg (add a b) = add (neg a) (neg b).
+Proof.
+  intros a b. apply (add_cancel_l (add a b)).
+  rewrite add_neg, add_swap4, !add_neg, add_zero. reflexivity.
+Qed.
+
+(* x - (m + l) = (x - m) - l *)
+Lemma sub_add_r : forall x m l : R, sub x (add m l) = sub (sub x m) l.
+Proof. intros x m l. unfold sub. rewrite neg_add, add_assoc. reflexivity. Qed.
+
+(* a left inverse of a nonzero element is its inverse *)
+Lemma inv_of_mul_one : forall a b : R, a <> zero -> mul b a = one -> b = inv a.
+Proof.
+  intros a b Ha E.
+  rewrite <- (mul_one b), <- (mul_inv a Ha), <- mul_assoc, E. apply mul_1_l.
+Qed.
+
+(* the step function gt at equal arguments is 0 *)
+Lemma gt_refl : forall a : R, gt a a = zero.
+Proof. intros a. apply gt_false. apply le_refl. Qed.
 
 (* ----------------------------------------------------------- extended values *)
 
@@ -391,3 +453,33 @@ Lemma expd_safe_ninf_ninf : ~ expd_safe NInf NInf.
 Proof. simpl. intros F. exact F. Qed.
 
 End Derived.
+
+(* ----------------------------------------------------------- the logarithm *)
+
+(* The natural logarithm, inverse of exp on the positive elements.  A separate class: its
+   laws make exp a bijection from R onto the positive elements, which the rational model
+   (exp := 1) cannot satisfy (models/ModelRat.v: qc_has_no_log); the reals do
+   (models/ModelReals.v).  Only the theorems that mention log assume it. *)
+Class KAlgLog (R : Type) `{KA : KAlg R} := {
+  log : R -> R;
+  exp_log : forall a : R, rlt zero a -> exp (log a) = a;
+  log_exp : forall a : R, log (exp a) = a
+}.
+
+Section LogDerived.
+Context {R : Type} {KA : KAlg R} {KL : KAlgLog R}.
+
+(* exp (- log a) = 1 / a for a > 0 *)
+Lemma exp_neg_log : forall a : R, rlt zero a -> exp (neg (log a)) = inv a.
+Proof.
+  intros a Ha. apply inv_of_mul_one; [apply rlt_ne_zero; exact Ha |].
+  assert (E : mul (exp (neg (log a))) (exp (log a)) = one)
+    by (rewrite <- exp_add, (add_comm (neg (log a))), add_neg; apply exp_zero).
+  rewrite (exp_log a Ha) in E. exact E.
+Qed.
+
+(* exp (x - log l) = exp x / l for l > 0 *)
+Lemma exp_sub_log : forall x l : R, rlt zero l -> exp (sub x (log l)) = div (exp x) l.
+Proof. intros x l Hl. unfold div. rewrite exp_sub, exp_neg_log by exact Hl. reflexivity. Qed.
+
+End LogDerived.

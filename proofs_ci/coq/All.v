@@ -13,3 +13,6 @@ Require Export Derivc.Rules.SplitSoftmax.
 Require Export Derivc.Rules.OnlineAgg.
 Require Export Derivc.Rules.MapMma.
 Require Export Derivc.Tactics.
+Require Export Derivc.Rules.Recompute.
+Require Export Derivc.Rules.SoftmaxBwd.
+Require Export Derivc.Rules.SoftmaxVjp.

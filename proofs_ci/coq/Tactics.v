@@ -291,6 +291,15 @@ Lemma ele_maxTo_at : forall (n : nat) (f : nat -> ext R) (x : ext R),
   (exists j, j < n /\ x = f j) -> ele x (maxTo n f).
 Proof. intros n f x [j [Hj E]]. subst x. apply ele_maxTo. exact Hj. Qed.
 
+(* x is one of the maximised values of a masked max (a max over the keys g lets through, e.g.
+   RECOMPUTE's row max M): x is the value at a live key *)
+Lemma ele_maxTo_sel : forall (n : nat) (g : nat -> bool) (f : nat -> ext R) (x : ext R) (j : nat),
+  x = f j -> j < n -> g j = true -> ele x (maxTo n (fun k => sel (g k) (f k) ninf)).
+Proof.
+  intros n g f x j E Hj Hg. apply ele_maxTo_at. exists j. split; [exact Hj |].
+  unfold sel. rewrite Hg. exact E.
+Qed.
+
 (* a fold whose running max never decreases and that, at step o, takes x into account *)
 Lemma ele_foldN : forall {S : Type} (step : nat -> S -> S) (s0 : S) (proj : S -> ext R)
     (n o : nat) (x : ext R),
@@ -324,6 +333,11 @@ Ltac derivc_ele :=
   | |- ele ninf _ => exact I
   | |- ele _ (max _ _) =>
       first [ apply ele_max_r_of; derivc_ele | apply ele_max_l_of; derivc_ele ]
+  | |- ele _ (maxTo ?n (fun k => sel (@?g k) (@?f k) ninf)) =>
+      first
+      [ eapply (ele_maxTo_sel n g f);
+        [ reflexivity | lia | cbv beta; derivc_red; derivc_cases; reflexivity ]
+      | apply ele_maxTo_at; eexists; split; [ | reflexivity ]; lia ]
   | |- ele _ (maxTo _ _) =>
       apply ele_maxTo_at; eexists; split; [ | reflexivity ]; lia
   | |- ele (Fin (?F ?i)) (?proj (foldN ?st ?s0 ?n)) =>

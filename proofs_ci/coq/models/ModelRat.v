@@ -5,7 +5,8 @@
    hypotheses are consistent without any axiom, and that the undefined operations on
    -infinity are not provable facts: exp (-inf - -inf) = 1 fails in one model, and so does
    every other statement about `undef` that is not a ring law.  exp (-inf - m) = 0 holds by
-   definition (never <> 0). *)
+   definition (never <> 0).  It has the step function gt but no logarithm (qc_has_no_log):
+   the class KAlgLog, which RECOMPUTE assumes, has only the reals as a model here. *)
 From Coq Require Import QArith Qcanon.
 Require Import Derivc.All.
 
@@ -33,6 +34,18 @@ Proof. intros a b E. unfold qc_max. destruct (qc_le_dec a b) as [F | F]; [reflex
 Lemma qc_one_ne_zero : (1 : Qc) <> Q2Qc 0.
 Proof. intros E. discriminate E. Qed.
 
+Lemma qc_zero_le_one : (Q2Qc 0 <= 1)%Qc.
+Proof. unfold Qcle. apply Qle_bool_iff. reflexivity. Qed.
+
+(* the 0/1 step of the order *)
+Definition qc_gt (a b : Qc) : Qc := if qc_le_dec a b then Q2Qc 0 else 1.
+
+Lemma qc_gt_true : forall a b : Qc, ~ (a <= b)%Qc -> qc_gt a b = 1.
+Proof. intros a b E. unfold qc_gt. destruct (qc_le_dec a b) as [F | F]; [contradiction | reflexivity]. Qed.
+
+Lemma qc_gt_false : forall a b : Qc, (a <= b)%Qc -> qc_gt a b = Q2Qc 0.
+Proof. intros a b E. unfold qc_gt. destruct (qc_le_dec a b) as [F | F]; [reflexivity | contradiction]. Qed.
+
 Definition qc (u : Qc) : KAlg Qc := {|
   zero := Q2Qc 0; one := 1; add := Qcplus; mul := Qcmult; neg := Qcopp; inv := Qcinv;
   exp := fun _ => 1; rmax := qc_max; undef := u;
@@ -44,8 +57,21 @@ Definition qc (u : Qc) : KAlg Qc := {|
   exp_add := fun _ _ => eq_sym (Qcmult_1_r 1); exp_zero := eq_refl;
   le := Qcle; le_total := qc_le_total; le_antisym := Qcle_antisym; le_trans := Qcle_trans;
   le_add_r := qc_le_add_r; rmax_l := qc_max_l; rmax_r := qc_max_r;
-  exp_mono := fun _ _ _ => Qcle_refl 1
+  exp_mono := fun _ _ _ => Qcle_refl 1; exp_nonneg := fun _ => qc_zero_le_one;
+  gt := qc_gt; gt_true := qc_gt_true; gt_false := qc_gt_false
 |}.
+
+(* no logarithm: log (exp a) = a would give log 1 = 0 and log 1 = 1.  So the theorems that use
+   log (KAlgLog: RECOMPUTE) have only the reals as a model here. *)
+Lemma qc_has_no_log : forall (u : Qc) (lg : Qc -> Qc),
+  ~ (forall a : Qc, lg (@exp Qc (qc u) a) = a).
+Proof.
+  intros u lg H. pose proof (H (Q2Qc 0)) as H0. pose proof (H 1) as H1. simpl in H0, H1.
+  rewrite H0 in H1. discriminate H1.
+Qed.
+
+Lemma qc_no_KAlgLog : forall u : Qc, KAlgLog Qc (KA := qc u) -> False.
+Proof. intros u [lg _ Hl]. exact (qc_has_no_log u lg Hl). Qed.
 
 (* -inf - -inf is not 0: exp (-inf - -inf) = 1 is false when undef = 0 *)
 Lemma ninf_minus_ninf_not_provable :
