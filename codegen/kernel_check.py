@@ -63,6 +63,9 @@ class KernelCheckError(Exception):
 def compare(got: np.ndarray, ref: np.ndarray, dtype: str) -> dict[str, Any]:
     """The draw's verdict: norm error, worst element, and where the output is not finite."""
     tol = TOLERANCE[dtype]
+    if dtype == "f16":  # what an f16 output can hold at best: a reference below f16's range is 0
+        with np.errstate(over="ignore"):
+            ref = ref.astype(np.float16).astype(np.float64)
     finite_ref = np.isfinite(ref)
     bad = (~np.isfinite(got) & finite_ref) | (~finite_ref & (got != ref))  # an infinity of ref must be matched
     top = float(np.abs(ref[finite_ref]).max()) if finite_ref.any() else 0.0

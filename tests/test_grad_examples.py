@@ -1,7 +1,8 @@
 """What the examples with gradients rely on, on the CPU: every examples/*_grad.yaml has its
 float64 torch reference in the GPU test; the numeric checks accept a -inf the spec has (a row the
-mask empties has log-sum-exp -inf) only where the checked program has it too; a per-lane let
-buffer of the SIMT mapping is not computed past a tail (it read rows >= N)."""
+mask empties has log-sum-exp -inf) only where the checked program has it too; an f16 output is
+compared with the reference rounded to f16; a per-lane let buffer of the SIMT mapping is not
+computed past a tail (it read rows >= N)."""
 from __future__ import annotations
 
 import importlib.util
@@ -46,6 +47,15 @@ def test_a_matched_infinity_is_exact_and_an_unmatched_one_is_not():
     assert compare(np.array([-np.inf, 1.0, 2.0], np.float32), ref, "f32")["passed"]
     for got in ([-3e38, 1.0, 2.0], [np.nan, 1.0, 2.0], [np.inf, 1.0, 2.0]):
         assert not compare(np.array(got, np.float32), ref, "f32")["passed"], got
+
+
+def test_an_f16_output_is_compared_with_what_f16_can_hold():
+    """GELU's derivative at a very negative pre-activation is ~1e-10 in float64, 0 in f32 and in
+    f16: an f16 output of such values is right at 0 (the wide draw of gemm_bias_gelu_grad's dA)."""
+    tiny = np.array([4.3e-10, -1e-9])
+    assert compare(np.zeros(2), tiny, "f16")["passed"]
+    assert not compare(np.zeros(2), tiny, "f32")["passed"]
+    assert not compare(np.array([0.5, 0.0]), tiny, "f16")["passed"]
 
 
 def _row_lse_spec(tmp_path: Path) -> Path:
