@@ -64,11 +64,13 @@ class KernelCheckError(Exception):
 def compare(got: np.ndarray, ref: np.ndarray, dtype: str) -> dict[str, Any]:
     """The draw's verdict: norm error, worst element, and where the output is not finite."""
     tol = TOLERANCE[dtype]
+    if dtype == "f16":  # what an f16 output can hold at best: a reference below f16's range is 0
+        with np.errstate(over="ignore"):
+            ref = ref.astype(np.float16).astype(np.float64)
     finite_ref = np.isfinite(ref)
-    # the spec's -inf (LSE of a row with no live key: log 0) must be -inf in the kernel too
-    bad = (~np.isfinite(got) & finite_ref) | ((ref == -np.inf) & (got != -np.inf))
+    bad = (~np.isfinite(got) & finite_ref) | (~finite_ref & (got != ref))  # an infinity of ref must be matched
     top = float(np.abs(ref[finite_ref]).max()) if finite_ref.any() else 0.0
-    with np.errstate(invalid="ignore"):  # -inf - -inf where both are -inf (LSE of an empty row)
+    with np.errstate(invalid="ignore"):  # inf - inf where both are infinite: not used
         diff = np.abs(np.where(finite_ref & np.isfinite(got), got - ref, 0.0))
     worst = int(np.argmax(diff)) if diff.size else 0
     elem = (float(diff.flat[worst]) if diff.size else 0.0) / (top or 1.0)

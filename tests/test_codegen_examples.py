@@ -15,6 +15,14 @@ from compiler.cli import build_to
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 NO_KERNEL = {"attention_naive", "attention_tiled_two_pass"}  # derivation branches without a single fused kernel
+# builds with gradients take 10-35 s each (every backward kernel runs on the CPU): one stays in the
+# quick set, the others are marked slow (CI runs them; `-m 'not slow'` leaves them out)
+QUICK_GRAD = {"flash_attention_grad"}
+
+
+def _marked(path: Path):
+    slow = path.stem.endswith("_grad") and path.stem not in QUICK_GRAD
+    return pytest.param(path, id=path.stem, marks=[pytest.mark.slow] if slow else [])
 
 
 def test_ci_has_nvrtc():
@@ -37,7 +45,7 @@ def builds(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("example", [_marked(p) for p in EXAMPLES])
 def test_example_kernel_compiles_and_keeps_promises(example: Path, builds, tmp_path):
     if example.stem in NO_KERNEL:  # derives and checks, but has no kernel: the build says so (exit 3)
         from compiler.cli import BuildError
@@ -48,6 +56,15 @@ def test_example_kernel_compiles_and_keeps_promises(example: Path, builds, tmp_p
         build_to(example, tmp_path / "derived", seed=0, proofs=False, codegen=False)
         return
     out = builds(example)
+    _keeps_promises(out)
+    if yaml.safe_load(example.read_text()).get("grad"):  # and every backward kernel, the same way
+        kernels = json.loads((out / "grad.json").read_text())["kernels"]
+        assert kernels and all((out / k["dir"] / "kernel.cu").exists() for k in kernels)
+        for k in kernels:
+            _keeps_promises(out / k["dir"])
+
+
+def _keeps_promises(out: Path) -> None:
     plan = json.loads((out / "plan.json").read_text())["plan"] or {"mma": None}
     assert (out / "kernel.cu").read_text().count("__global__") == 1
     # the kernel step ran every variant's text on the CPU, every draw within tolerance

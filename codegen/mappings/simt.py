@@ -158,6 +158,8 @@ class _Printer:
             stride *= n
         value = self.ex(s.value, names)
         if b.name in self.local:
+            if self.k.store.guard:  # a lane point past a tail stores nothing: it must read nothing either
+                value = f"(({conds_c(self.k.store.guard, names)}) ? {value} : 0.0f)"
             body = [f"for (long long e_ = 0; e_ < {stride}; ++e_) {{"] + ["    " + c for c in reversed(coords)]
             body += [f"    lb_{b.name}[q][e_] = {value};", "}"]
             return self.lane_loop(body)
