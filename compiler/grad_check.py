@@ -29,6 +29,10 @@ from .ir import Program
 
 TOLERANCE = 1e-6
 LARGE_SCALE = 3.0
+# A difference quotient whose step crosses a kink (ReLU's max(x, 0) at x = 0, a tie of a max) is
+# not a derivative: a direction fails only if ATTEMPTS random directions all fail — a wrong
+# gradient is wrong along almost every direction, a kink is crossed along few.
+ATTEMPTS = 3
 ROUNDING = 1e-13  # relative rounding error of a float64 forward evaluation, with room
 STEP = 1e-4  # with Richardson's extrapolation: truncation ~h⁴, rounding ~1e-16/h
 
@@ -60,8 +64,23 @@ def _directional(forward: Program, grad: Gradient, draw: Any, inputs: dict[str, 
     where = f"d{grad.of}/d{x} at {', '.join(f'{k}={v}' for k, v in draw.sizes.items())} ({draw.kind} draw, seed {draw.seed})"
     if not np.all(np.isfinite(dx)):
         raise DerivationError(RULE, f"numeric check failed: {where}: the gradient has NaN / inf values")
-    t = rng.standard_normal(inputs[x].shape)
+    with np.errstate(all="ignore"):
+        resolution = ROUNDING * float(np.sum(np.abs(g * run_program(forward, draw.sizes, inputs)[grad.of]))) / STEP
+    failures = []
+    for _ in range(ATTEMPTS):
+        t = rng.standard_normal(inputs[x].shape)
+        ad, fd, err = _one_direction(forward, grad, draw, inputs, g, x, dx, t, resolution)
+        if err <= TOLERANCE:
+            return err
+        failures.append((ad, fd, err))
+    ad, fd, err = min(failures, key=lambda f: f[2])
+    raise DerivationError(RULE, f"numeric check failed: {where}: directional derivative {ad:.10g} from the "
+                                f"gradient program, {fd:.10g} by central differences (relative error "
+                                f"{err:.3g} > {TOLERANCE:g}, the best of {ATTEMPTS} directions)")
 
+
+def _one_direction(forward: Program, grad: Gradient, draw: Any, inputs: dict[str, np.ndarray], g: np.ndarray,
+                   x: str, dx: np.ndarray, t: np.ndarray, resolution: float) -> tuple[float, float, float]:
     def value(step: float) -> float:
         moved = dict(inputs)
         moved[x] = inputs[x] + step * t
@@ -75,11 +94,5 @@ def _directional(forward: Program, grad: Gradient, draw: Any, inputs: dict[str, 
     ad = float(np.sum(dx * t))
     # the terms' scale, and what rounding the forward values leaves of a difference quotient
     scale = float(np.sum(np.abs(dx) * np.abs(t)))
-    with np.errstate(all="ignore"):
-        resolution = ROUNDING * float(np.sum(np.abs(g * run_program(forward, draw.sizes, inputs)[grad.of]))) / STEP
     err = abs(fd - ad) / max(scale, resolution / TOLERANCE, np.finfo(float).tiny)
-    if not err <= TOLERANCE:
-        raise DerivationError(RULE, f"numeric check failed: {where}: directional derivative {ad:.10g} from the "
-                                    f"gradient program, {fd:.10g} by central differences (relative error "
-                                    f"{err:.3g} > {TOLERANCE:g})")
-    return err
+    return ad, fd, err
