@@ -23,7 +23,10 @@ PENDING = sorted((ROOT / "examples" / "pending").glob("*_grad.yaml"))  # build r
 # relative norm error of each tensor against float64, by the tensor's dtype and the family: the
 # backward reads the f16 output O (FlashAttention-2's D = rowsum(dO O)) and rounds its results
 # to f16; large logits make dS = P (dP - D) cancel, so attention gets the loosest bound
-TOL = {"attention": 1e-2, "gemm": 2e-3, "norm": 2e-3}
+# ReLU: the backward recomputes the pre-activation in f32 from f16 inputs; where it is within
+# rounding of 0 its step gt(X, 0) may differ from float64's, an O(|dC|) error on those elements
+# (measured 2.2e-3 at 1000 x 1024 x 1000 on the H200)
+TOL = {"attention": 1e-2, "gemm": 2e-3, "gemm_relu": 5e-3, "norm": 2e-3}
 TOL_F32_OUTPUT = 1e-4  # f32 gradients (ALiBi's slopes are not differentiated; none today)
 
 
@@ -151,7 +154,7 @@ REFERENCES: dict[str, Ref] = {
     "flash_attention_wgmma_bnhd_grad": Ref("attention", _attn_cases(128), attention("causal", layout="bnhd")),
     "attention_bottom_right_causal_grad": Ref("attention", _bottom_right_cases(), attention("bottom_right")),
     "gemm_grad": Ref("gemm", GEMM_CASES, gemm("none")),
-    "gemm_bias_relu_grad": Ref("gemm", GEMM_CASES, gemm("relu")),
+    "gemm_bias_relu_grad": Ref("gemm_relu", GEMM_CASES, gemm("relu")),
     "gemm_bias_gelu_grad": Ref("gemm", GEMM_CASES, gemm("gelu")),
     "gemm_residual_grad": Ref("gemm", GEMM_CASES, gemm("residual")),
     "softmax_online_grad": Ref("norm", NORM_CASES, softmax_rows),
