@@ -24,8 +24,8 @@ from .draws import plan_draws
 from .errors import DerivationError, SpecError, did_you_mean
 from .grad import RULE, Gradient, differentiate
 from .grad_check import TOLERANCE, check_gradient
-from .ir import Program, free_indices, tensors_read
-from .kernel_view import kernel_inputs
+from .ir import Program, tensors_read
+from .kernel_view import kernel_inputs, sizes_used
 from .lower_spec import lower_spec
 from .spec import GradDecl, SpecFile
 
@@ -93,13 +93,7 @@ def cut_kernel(prog: Program, output: str, available: dict[str, str], file: str 
             live |= tensors_read(d.body)
     defs = tuple(replace(d, computed_by=available.get(d.name, "")) for d in prog.defs if d.name in live)
     inputs = tuple((n, t) for n, t in prog.inputs if n in live)  # what the cut reads, nothing more
-    used: set[str] = set()  # the sizes the cut's meaning uses (dC0 = dC needs no K)
-    for _, t in inputs:
-        used |= set().union(*(a.names() for a in t.dims))
-    for d in defs:
-        used |= set().union(*(a.names() for a in d.type.dims), *(lp.ext.names() for lp in d.loops))
-        used |= free_indices(d.body)
-    sizes = tuple((n, v) for n, v in prog.sizes if n in used)
+    sizes = sizes_used(prog, inputs, defs)  # what the cut's meaning uses (dC0 = dC needs no K)
     return replace(prog, sizes=sizes, inputs=inputs, defs=defs, output=output, facts=())
 
 

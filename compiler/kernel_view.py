@@ -45,11 +45,16 @@ def kernel_view(prog: Program) -> Program:
     types = {n: t for n, t in prog.inputs} | {d.name: d.type for d in prog.defs}
     inputs = tuple((n, types[n]) for n in kernel_inputs(prog))
     defs = tuple(computed_here(prog))
-    used: set[str] = set()  # sizes only the other steps' definitions use are not the kernel's
+    # sizes only the other steps' definitions use are not the kernel's
+    return replace(prog, sizes=sizes_used(prog, inputs, defs), inputs=inputs, defs=defs)
+
+
+def sizes_used(prog: Program, inputs: tuple, defs: tuple[Def, ...]) -> tuple:
+    """prog's sizes that the inputs' shapes or the definitions use, in prog's order."""
+    used: set[str] = set()
     for _, t in inputs:
         used |= set().union(*(a.names() for a in t.dims))
     for d in defs:
         used |= set().union(*(a.names() for a in d.type.dims), *(lp.ext.names() for lp in d.loops))
         used |= free_indices(d.body)
-    sizes = tuple((n, v) for n, v in prog.sizes if n in used)
-    return replace(prog, sizes=sizes, inputs=inputs, defs=defs)
+    return tuple((n, v) for n, v in prog.sizes if n in used)
