@@ -22,7 +22,7 @@ from .checksizes import choose_check_sizes
 from .derive import Derivation, derive_program, json_safe
 from .draws import plan_draws
 from .errors import DerivationError, SpecError, did_you_mean
-from .grad import RULE, Gradient, differentiate
+from .grad import RULE, Gradient, differentiate, needed_defs
 from .grad_check import TOLERANCE, check_gradient
 from .ir import Program, tensors_read
 from .kernel_view import kernel_inputs, sizes_used
@@ -87,12 +87,10 @@ def cut_kernel(prog: Program, output: str, available: dict[str, str], file: str 
                                f"(defined: {', '.join(names)})", file)
     if output in available:
         raise SpecError(where, f"{output} is already written by the {available[output]}", file)
-    live = {output}
-    for d in reversed(prog.defs):
-        if d.name in live:
-            live |= tensors_read(d.body)
-    defs = tuple(replace(d, computed_by=available.get(d.name, "")) for d in prog.defs if d.name in live)
-    inputs = tuple((n, t) for n, t in prog.inputs if n in live)  # what the cut reads, nothing more
+    needed = needed_defs(list(prog.defs), {output})
+    defs = tuple(replace(d, computed_by=available.get(d.name, "")) for d in needed)
+    reads = set().union(*(tensors_read(d.body) for d in needed))
+    inputs = tuple((n, t) for n, t in prog.inputs if n in reads)  # what the cut reads, nothing more
     sizes = sizes_used(prog, inputs, defs)  # what the cut's meaning uses (dC0 = dC needs no K)
     return replace(prog, sizes=sizes, inputs=inputs, defs=defs, output=output, facts=())
 
@@ -202,8 +200,3 @@ def kernel_program(spec: SpecFile, kernel: str, file: str = "") -> Program:
             return cut_kernel(prog, kernel, available, file)
         available[kd.output] = f"kernel {kd.output}"
     raise DerivationError("replay", f"the spec's grad has no kernel {kernel}", None, file)
-
-
-def kernel_schedule(spec: SpecFile, kernel: str) -> list[Any]:
-    assert spec.grad is not None
-    return next(k.schedule for k in spec.grad.kernels if k.output == kernel)

@@ -34,8 +34,8 @@ from typing import Sequence
 
 from .errors import DerivationError
 from .ir import (
-    Aff, Bin, Cond, Const, Def, Expr, Ext, IndexValue, Loop, Program, Read, Reduce, Select, Softmax,
-    TensorType, Un, all_binders, fresh, names_in_program, subst_index, tensors_read, walk,
+    Aff, Bin, Cond, Const, Def, Expr, Ext, Loop, Program, Read, Reduce, Select, Softmax, TensorType, Un,
+    all_binders, fresh, names_in_program, subst_index, tensors_read,
 )
 
 RULE = "grad"
@@ -49,9 +49,6 @@ class Gradient:
     of: str
     seed: str
     grads: tuple[tuple[str, str], ...]
-
-    def grad_of(self, x: str) -> str:
-        return dict(self.grads)[x]
 
     @property
     def outputs(self) -> tuple[str, ...]:
@@ -340,7 +337,7 @@ def differentiate(prog: Program, of: str, wrt: Sequence[str], seed: str,
     of_type = prog.def_named(of).type
     # every forward definition stays (a rule may read the forward output: FA2's row term);
     # kernels are cut out of this program and keep only what they read
-    defs = list(fwd) + [d for d in _needed(adjoint_defs + grad_defs, {d.name for d in grad_defs})
+    defs = list(fwd) + [d for d in needed_defs(adjoint_defs + grad_defs, {d.name for d in grad_defs})
                         if d.name not in {f.name for f in fwd}]
     program = Program(
         sizes=prog.sizes, inputs=prog.inputs + ((seed, of_type),), defs=tuple(defs),
@@ -350,24 +347,10 @@ def differentiate(prog: Program, of: str, wrt: Sequence[str], seed: str,
     return Gradient(program, of, seed, tuple((x, grad_names[x]) for x in wrt))
 
 
-def _needed(defs: list[Def], roots: set[str]) -> list[Def]:
+def needed_defs(defs: list[Def], roots: set[str]) -> list[Def]:
     """The definitions the roots read, transitively, in their order."""
     live = set(roots)
     for d in reversed(defs):
         if d.name in live:
             live |= tensors_read(d.body)
     return [d for d in defs if d.name in live]
-
-
-def with_output(prog: Program, output: str) -> Program:
-    """The same program read at another of its definitions (the unread ones dropped)."""
-    from dataclasses import replace
-
-    return replace(prog, defs=tuple(_needed(list(prog.defs), {output})), output=output)
-
-
-def reads_in(prog: Program) -> frozenset[str]:
-    out: frozenset[str] = frozenset()
-    for d in prog.defs:
-        out |= frozenset(x.tensor for x in walk(d.body) if isinstance(x, Read))
-    return out

@@ -406,9 +406,6 @@ class Program:
                 return d
         raise KeyError(name)
 
-    def computed_here(self) -> tuple[Def, ...]:
-        return tuple(d for d in self.defs if not d.computed_by)
-
     def has_def(self, name: str) -> bool:
         return any(d.name == name for d in self.defs)
 

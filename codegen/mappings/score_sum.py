@@ -83,6 +83,7 @@ class ScoreSumPlan:
     warps: int
     stages: int
     out: Operand
+    mma: str = "mma_sync"  # every product's instruction (the field every plan carries)
 
 
 @dataclass(frozen=True)
