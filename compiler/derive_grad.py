@@ -27,7 +27,7 @@ from .grad_check import TOLERANCE, check_gradient
 from .ir import Program, tensors_read
 from .kernel_view import kernel_inputs, sizes_used
 from .lower_spec import lower_spec
-from .spec import GradDecl, SpecFile
+from .spec import GradDecl, GradKernelDecl, SpecFile
 
 FORWARD = "forward"
 
@@ -120,22 +120,52 @@ def derive_gradient(spec: SpecFile, file: str = "", *, seed: int | None = None, 
         record["saved"] = check_saved(ir0, shared.final, gradient.seed, plan, base, file)
     kernels: list[Derivation] = []
     available = forward_outputs(spec)
-    for k, kd in enumerate(decl.kernels):
-        where = f"grad.kernels[{k}].output"
-        prog = cut_kernel(shared.final, kd.output, available, file, where)
+    for k, (kd, prog) in enumerate(kernel_cuts(shared.final, gradient, decl, available, file)):
         with _part(f"grad.kernels[{k}]"):
             kern = derive_program(spec, prog, kd.schedule, file, seed=base + 2000 + 1000 * k, check=check)
         kern.grad_kernel = kd.output  # type: ignore[attr-defined]
         kern.grad_trace = {"kernel": kd.output, "grad": json_safe(record),  # type: ignore[attr-defined]
                            "schedule_steps": [s.to_json() for s in shared.steps],
-                           "gradient_digest": shared.final.digest()}
+                           "gradient_digest": shared.final.digest(),
+                           "stored": stored_as(shared.final, prog, available)}
         kernels.append(kern)
-        available[kd.output] = f"kernel {kd.output}"
     missing = [g for g in gradient.outputs if g not in available]
     if missing:
         raise SpecError("grad.kernels", f"no kernel writes {', '.join(missing)} (each gradient needs one: "
                                         f"add {{output: {missing[0]}, schedule: [...]}})", file)
     return GradDerivation(spec, file, gradient, record, shared, kernels)
+
+
+def kernel_cuts(prog: Program, gradient: Gradient, decl: GradDecl, available: dict[str, str],
+                file: str = "") -> Iterator[tuple[GradKernelDecl, Program]]:
+    """Each kernel's program in order: G read at its output, where the outputs of this kernel and
+    the earlier ones that `dtype` stores narrower have that dtype (the kernel stores the rounded
+    value, the later kernels read it).  `available` grows by each kernel's output as it is yielded."""
+    grads = dict((g, x) for x, g in gradient.grads)
+    for k, kd in enumerate(decl.kernels):
+        if kd.dtype is not None:
+            prog = _stored_in(prog, kd, grads, file, f"grad.kernels[{k}].dtype")
+        yield kd, cut_kernel(prog, kd.output, available, file, f"grad.kernels[{k}].output")
+        available[kd.output] = f"kernel {kd.output}"
+
+
+def _stored_in(prog: Program, kd: GradKernelDecl, grads: dict[str, str], file: str, where: str) -> Program:
+    """prog with kd's output of dtype kd.dtype (a tensor the runtime hands back keeps its input's)."""
+    if not prog.has_def(kd.output):
+        return prog  # cut_kernel names the unknown tensor
+    d = prog.def_named(kd.output)
+    if kd.output in grads and kd.dtype != d.type.dtype:
+        raise SpecError(where, f"{kd.output} is the gradient of {grads[kd.output]}: it is stored in "
+                               f"{grads[kd.output]}'s dtype ({d.type.dtype}), not {kd.dtype}", file)
+    return prog.with_def(replace(d, type=replace(d.type, dtype=kd.dtype)))
+
+
+def stored_as(gradient: Program, prog: Program, available: dict[str, str]) -> list[dict[str, str]]:
+    """The tensors of the kernel's program stored in another dtype than the gradient program's
+    (grad.kernels' `dtype`), for the record: who writes each, in which dtype."""
+    return [{"tensor": d.name, "dtype": d.type.dtype, "program_dtype": gradient.def_named(d.name).type.dtype,
+             "written_by": available.get(d.name, "")}
+            for d in prog.defs if d.type.dtype != gradient.def_named(d.name).type.dtype]
 
 
 def forward_outputs(spec: SpecFile) -> dict[str, str]:
@@ -194,9 +224,7 @@ def kernel_program(spec: SpecFile, kernel: str, file: str = "") -> Program:
     prog = gradient.program
     for k, step in enumerate(decl.schedule, start=1):
         prog = apply_step(prog, k, step.rule, step.params(), file)[3]
-    available = forward_outputs(spec)
-    for kd in decl.kernels:
+    for kd, cut in kernel_cuts(prog, gradient, decl, forward_outputs(spec), file):
         if kd.output == kernel:
-            return cut_kernel(prog, kernel, available, file)
-        available[kd.output] = f"kernel {kd.output}"
+            return cut
     raise DerivationError("replay", f"the spec's grad has no kernel {kernel}", None, file)

@@ -170,8 +170,16 @@ def grad_markdown(grad: dict[str, Any]) -> list[str]:
         out.append(f"- grad.schedule step {s['index']}: {s['rule']} ({s['kind']}), theorem `{s['theorem']}`, "
                    f"{err} on every gradient")
     out += [f"- the gradient program (`{grad['gradient_digest']}`) read at `{grad['kernel']}`: the spec program "
-            "of the steps below; tensors other build steps write are marked `(read from …)`", ""]
-    return out
+            "of the steps below; tensors other build steps write are marked `(read from …)`"]
+    for t in grad.get("stored", []):
+        who = t["written_by"] or "this kernel"
+        out.append(f"- `{t['tensor']}` is stored in {t['dtype']} (the gradient program's {t['program_dtype']}), written by "
+                   f"{who}: a storage choice of `grad.kernels` (`dtype:`), not part of GRAD and not proved; validated "
+                   f"numerically only — the kernel that writes it is compared with the float64 reference rounded to "
+                   f"{t['dtype']}, a kernel that reads it gets the rounded values and is compared with the reference "
+                   "computed from them (the rounding's effect on the gradients is measured by the GPU test against "
+                   "float64 torch.autograd)")
+    return out + [""]
 
 
 def kernel_step_markdown(kc: dict) -> list[str]:

@@ -67,10 +67,14 @@ class ScheduleStep(BaseModel):
 
 
 class GradKernelDecl(BaseModel):
-    """One kernel of the backward: the gradient program read at `output`, scheduled."""
+    """One kernel of the backward: the gradient program read at `output`, scheduled.  `dtype`
+    stores the output in another dtype than the gradient program's (an f32 intermediate such as
+    dX in f16, so that the later kernels read it as a tensor-core operand): a storage choice,
+    validated numerically like the forward's f16 output, not part of GRAD's meaning."""
 
     model_config = ConfigDict(extra="forbid")
     output: str
+    dtype: Dtype | None = None
     schedule: list[ScheduleStep] = []
 
 
