@@ -29,7 +29,11 @@ unguarded copy of the epilogue costs the cp.async kernel its last registers and 
 
 Instruction choices (never meaning): with an f16 / bf16 output, `tanh` prints as the hardware
 `tanh.approx.f32` (relative error about 2^-11, the output's own rounding) and `exp` as `__expf`;
-an f32 output gets `tanhf` / `expf`; `log` is `logf` on every output.
+an f32 output gets `tanhf` / `expf`; `log` is `logf` on every output.  Except where the value
+multiplies two tanh terms (1 − t·t, tanh's derivative: GELU's backward): that cancels as |t| → 1,
+where tanh.approx's absolute error (~5e-4) becomes the whole of 1 − t² and the factors around it
+(x³ in GELU's) amplify it far past the output's rounding — such an epilogue gets `tanhf`.  (The
+CPU emulation runs tanh.approx as libm's tanhf, so only the GPU would show the difference.)
 """
 from __future__ import annotations
 
@@ -59,7 +63,8 @@ class _Printer:
                  uses: Mapping[tuple, int] | None = None):
         self.k, self.acc, self.names, self.pointers = k, acc, names, pointers
         self.lanes, self.bindings, self.mapping = lanes, bindings, mapping
-        self.unary = UNARY_FAST if out_dtype in ("f16", "bf16") else UNARY_EXACT
+        fast = out_dtype in ("f16", "bf16") and not multiplies_tanh_terms(k.store.value, bindings)
+        self.unary = UNARY_FAST if fast else UNARY_EXACT
         self.conds: list[Cond] = []
         self.reads: list[str] = []
         self.locals: list[str] = []       # C statements: each read and binding used more than once
@@ -163,6 +168,23 @@ def scalar_bindings(k: Kernel, mapping: str) -> dict[str, Expr]:
                                      f"{s.buf.name if hasattr(s, 'buf') else ''}, not a register scalar")
         out[s.buf.name] = s.value
     return out
+
+
+def multiplies_tanh_terms(value: Expr, bindings: Mapping[str, Expr]) -> bool:
+    """Whether value (or a binding it reads) has a product of two factors that both contain a
+    tanh (a binding whose value contains one counts as one)."""
+    with_tanh: set[str] = set()
+
+    def has_tanh(e: Expr) -> bool:
+        return any((isinstance(x, Un) and x.op == "tanh") or (isinstance(x, Read) and not x.idx and x.tensor in with_tanh)
+                   for x in walk(e))
+
+    changed = True
+    while changed:  # bindings may read bindings
+        grown = {n for n, b in bindings.items() if has_tanh(b)}
+        changed, with_tanh = grown != with_tanh, grown
+    return any(isinstance(x, Bin) and x.op == "*" and has_tanh(x.a) and has_tanh(x.b)
+               for e in (value, *bindings.values()) for x in walk(e))
 
 
 def plan_epilogue(k: Kernel, acc: str, names: Mapping[str, str], pointers: Mapping[str, str],
