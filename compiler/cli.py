@@ -4,6 +4,7 @@
                                                          derive, check (proofs too, if coqc), write DIR
     derivc explain FILE [--seed N]                       print every step and its program
     derivc verify DIR | replay DIR --step N | run FILE --check | bench
+    derivc tune DIR --sizes M=128,N=4096,K=4096 [--sizes ...]  time the schedule variants per shape
 
 Exit codes (README's table): 0 ok, 1 internal error or command not available here (verify
 without coqc, run / bench without a GPU), 2 invalid input (SpecError, StepInputError, an output
@@ -255,6 +256,7 @@ def build_to(file: Path, outdir: Path, *, seed: int | None = None, codegen: bool
     coqc checks the obligations (when on PATH, cached per obligation) before the directory is
     moved into place; `verify` requires coqc and trusts no cache."""
     from .derive import derive
+    from .schedule_variants import expand
     from .spec import load_spec_file
     from .trace import verify_roundtrip
 
@@ -267,7 +269,11 @@ def build_to(file: Path, outdir: Path, *, seed: int | None = None, codegen: bool
         raise ProofCheckError(f"{file}: --verify: coqc not found, nothing built (install Coq 8.16: "
                               "bash proofs_ci/install_coq.sh, or build without --verify)", EXIT_UNAVAILABLE)
     spec = load_spec_file(file)
+    variants = expand(spec)  # [the spec itself] when it names no variants
+    spec = variants[0].spec
     d = derive(spec, str(file), seed=seed)
+    if variants[0].choice:
+        d.variant_choice = variants[0].as_dict()
     backward = None
     if spec.grad is not None:
         from .derive_grad import derive_gradient
@@ -287,6 +293,12 @@ def build_to(file: Path, outdir: Path, *, seed: int | None = None, codegen: bool
         write_outputs(d, tmp, codegen=codegen, proofs=proofs, policy=policy)
         if backward is not None:
             write_backward(backward, tmp, codegen=codegen, proofs=proofs, policy=lambda _: policy)
+        if len(variants) > 1:
+            from .variant_build import write_variants
+
+            write_variants(variants[0], variants[1:], tmp, file=str(file), seed=d.seed, seed_given=d.seed_given,
+                           write=lambda dv, sub: write_outputs(dv, sub, codegen=codegen, proofs=proofs, policy=policy))
+            write_marker(tmp, BUILD_MARKER)  # over the variants' files too
 
     atomic_dir(outdir, write)
     return d
@@ -314,6 +326,12 @@ def write_backward(backward: Any, outdir: Path, *, codegen: bool, proofs: bool,
         write_outputs(k, sub, codegen=codegen, proofs=proofs, policy=policy(k.grad_kernel))
     (outdir / "grad.json").write_text(json.dumps(backward.manifest(), indent=2, allow_nan=False) + "\n")
     write_marker(outdir, BUILD_MARKER)  # the forward's marker, now over the backward's files too
+
+
+def _variants_table(build: Path) -> dict[str, Any] | None:
+    from .variant_build import read_variants
+
+    return read_variants(build)
 
 
 def cmd_build(args: argparse.Namespace, out: Out) -> int:
@@ -357,6 +375,11 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
         if backward.shared.steps:
             out.line(f"grad.schedule: {len(backward.shared.steps)} steps; "
                      + (check.line() if check is not None else "proofs not checked"))
+    table = _variants_table(Path(args.output))
+    if table is not None:
+        rows = [[r["name"], r["status"], r.get("reason", "default" if r["dir"] == "." else r["dir"])]
+                for r in table["variants"]]
+        out.table(["variant", "status", "where / why"], rows, title=f"{len(rows)} schedule variants")
     out.line(f"wrote {args.output} (final program {d.final.digest()})", style="green")
     return EXIT_OK
 
@@ -494,6 +517,15 @@ def make_parser() -> argparse.ArgumentParser:
     run.add_argument("--sizes", help="dynamic sizes, e.g. B=2,H=4,N=1000 (default: the check sizes)")
     run.add_argument("--seed", type=int, default=0)
     run.set_defaults(func=_dispatch("codegen.run_cmd", "run", lambda: gpu_missing("torch")), extras_ok=False)
+
+    tune = sub.add_parser("tune", help="time a build's schedule variants per shape on the GPU, write DIR/tuning.json")
+    tune.add_argument("dir", help="a build of a schedule with variants: (or a schedule file, with -o DIR)")
+    tune.add_argument("-o", "--output", default=None, help="with a schedule file: build it into DIR first")
+    tune.add_argument("--sizes", action="append", default=[], help="one shape, e.g. M=128,N=4096,K=4096 (repeat)")
+    tune.add_argument("--seed", type=int, default=0)
+    tune.add_argument("--no-proofs", action="store_true", help="with a schedule file: build without proofs")
+    tune.set_defaults(func=_dispatch("codegen.tune_cmd", "tune", lambda: gpu_missing("torch", "triton")),
+                      extras_ok=False)
 
     bench = sub.add_parser("bench", help="time derived kernels against cuBLAS / torch SDPA on the GPU")
     bench.add_argument("--quick", action="store_true", help="one size per family")

@@ -104,6 +104,8 @@ class SpecFile(BaseModel):
     schedule: list[ScheduleStep] = []
     check_sizes: dict[str, int] = {}
     grad: GradDecl | None = None
+    # free choices of the schedule, `$name` in its steps (compiler.schedule_variants)
+    variants: dict[str, list[Union[StrictInt, StrictStr]]] = {}
 
     @field_validator("statements", mode="before")
     @classmethod
@@ -124,6 +126,16 @@ class SpecFile(BaseModel):
                 raise ValueError(f"size {k} must be positive, got {x}")
             if not re.fullmatch(r"[A-Za-z_]\w*", k):
                 raise ValueError(f"bad size name {k!r}")
+        return v
+
+    @field_validator("variants")
+    @classmethod
+    def _choices(cls, v: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        for k, values in v.items():
+            if not re.fullmatch(r"[A-Za-z_]\w*", k):
+                raise ValueError(f"bad variant name {k!r}")
+            if not values:
+                raise ValueError(f"variant {k} lists no value")
         return v
 
 

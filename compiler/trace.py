@@ -26,7 +26,8 @@ TRACE_FORMAT = 1
 
 
 def spec_json(spec: SpecFile) -> dict[str, Any]:
-    return spec.model_dump(mode="json")
+    # a spec without schedule variants records no `variants` key (traces from before they existed)
+    return spec.model_dump(mode="json", exclude=set() if spec.variants else {"variants"})
 
 
 def spec_sha256(spec: SpecFile) -> str:
@@ -47,7 +48,13 @@ def spec_text_of(d: Derivation) -> str | None:
         return None
     try:
         text = Path(d.file).read_bytes().decode("utf-8")
-        return text if parse_spec_text(text, d.file) == d.spec else None
+        spec = parse_spec_text(text, d.file)
+        choice = getattr(d, "variant_choice", None)
+        if choice is not None:  # one variant of a schedule with `variants:`
+            from .schedule_variants import resolve
+
+            spec = resolve(spec, choice)
+        return text if spec == d.spec else None
     except (OSError, UnicodeDecodeError, SpecError):
         return None
 
@@ -85,6 +92,7 @@ def write_trace(d: Derivation) -> dict[str, Any]:
         "final_digest": d.final.digest(),
         "output": d.final.output,
         **({"grad_kernel": d.grad_trace} if getattr(d, "grad_trace", None) else {}),
+        **({"variant": d.variant_choice} if getattr(d, "variant_choice", None) is not None else {}),
     }
 
 

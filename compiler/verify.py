@@ -99,13 +99,21 @@ def rebuild(build: Path, into: Path) -> None:
     from . import __version__
     from .cli import BuildError, ProofPolicy, write_outputs
     from .derive import derive
+    from .schedule_variants import expand, resolve
     from .spec import parse_spec_text
 
     trace = _load_trace(build)
     file = trace["spec_file"]
     try:
-        spec = parse_spec_text(trace["spec_text"], file)
+        full = parse_spec_text(trace["spec_text"], file)
+        variants = expand(full)
+        if isinstance(trace.get("variant"), dict):  # the default of a schedule with variants
+            spec = resolve(full, trace["variant"])
+        else:
+            spec = full
         d = derive(spec, file, seed=trace["seed"])
+        if spec is not full:
+            d.variant_choice = dict(trace["variant"])
     except (SpecError, DerivationError) as exc:
         made = trace.get("derivc_version")
         note = f" (made by derivc {made}, this is {__version__})" if made != __version__ else ""
@@ -133,6 +141,20 @@ def rebuild(build: Path, into: Path) -> None:
                 return ProofPolicy(recorded=proofcheck.from_trace(sub) or recorded)
 
             write_backward(backward, into, codegen=codegen, proofs=recorded.reason != proofcheck.SKIPPED, policy=policy)
+        if len(variants) > 1:
+            from .cli import write_marker
+            from .outdir import BUILD_MARKER
+            from .variant_build import write_variants
+
+            def write_one(dv: Any, sub: Path) -> None:
+                there = build / sub.relative_to(into)
+                rec = proofcheck.from_trace(_load_trace(there)) if there.is_dir() else None
+                write_outputs(dv, sub, codegen=codegen, proofs=recorded.reason != proofcheck.SKIPPED,
+                              policy=ProofPolicy(recorded=rec or recorded))
+
+            write_variants(variants[0], variants[1:], into, file=file, seed=trace["seed"], seed_given=d.seed_given,
+                           write=write_one, spec_text=trace["spec_text"])
+            write_marker(into, BUILD_MARKER)
     except (SpecError, DerivationError, BuildError) as exc:
         raise RebuildError(f"the recorded spec no longer builds: {' '.join(str(exc).split())}") from None
 
@@ -198,6 +220,25 @@ def compare_dirs(build: Path, rebuilt: Path) -> tuple[list[Mismatch], int]:
     return out, same
 
 
+def _tuning_into(build: Path, rebuilt: Path) -> Mismatch | None:
+    """A tuned DIR: its tuning.json (measurements, not rebuilt) must name only variants the
+    rebuild built, each the fastest of its row; then it joins the rebuild, marker and all."""
+    from .outdir import BUILD_MARKER, write_marker
+    from .tuning_table import TUNING_FILE, read_tuning
+    from .variant_build import built_dirs
+
+    if not (build / TUNING_FILE).exists():
+        return None
+    built = set(built_dirs(rebuilt))
+    try:
+        read_tuning(build, built)
+    except ValueError as exc:
+        return Mismatch(TUNING_FILE, "altered", str(exc).split(": ", 1)[-1])
+    shutil.copyfile(build / TUNING_FILE, rebuilt / TUNING_FILE)
+    write_marker(rebuilt, BUILD_MARKER)
+    return None
+
+
 def check_files(build: Path) -> tuple[list[Mismatch], int]:
     """Rebuild DIR from its recorded spec into a temporary directory and compare every file."""
     tmp = Path(tempfile.mkdtemp(prefix="derivc-verify-"))
@@ -206,6 +247,9 @@ def check_files(build: Path) -> tuple[list[Mismatch], int]:
             rebuild(build, tmp)
         except RebuildError as exc:
             return [Mismatch("derivation.json", "altered", str(exc))], 0
+        tuned = _tuning_into(build, tmp)
+        if tuned is not None:
+            return [tuned], 0
         return compare_dirs(build, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

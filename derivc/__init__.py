@@ -28,6 +28,7 @@ class Kernel:
     def __init__(self, out_dir: Path):
         from codegen.build_dir import load_build
         from codegen.cuda.runtime import CompiledKernel
+        from codegen.tuned import Dispatch, TunedKernel
 
         self.out_dir = Path(out_dir)
         loaded = load_build(self.out_dir)
@@ -36,6 +37,13 @@ class Kernel:
         self.plan = printed.plan
         self.inputs = loaded.inputs
         self._kernel = CompiledKernel(printed, loaded.cubins)
+        dispatch = Dispatch(self.out_dir, self.kir.dynamic())
+        if dispatch.tuned:  # DIR/tuning.json: the measured variant per shape bucket
+            def load_variant(d: Path) -> CompiledKernel:
+                one = load_build(d)
+                return CompiledKernel(one.printed, one.cubins)
+
+            self._kernel = TunedKernel(dispatch, self._kernel, load_variant)
 
     def __call__(self, *inputs: Any, out: Any = None, **sizes: int) -> Any:
         """Run on CuPy arrays or torch tensors; a dynamic size no input's shape determines (a

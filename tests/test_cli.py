@@ -379,6 +379,9 @@ def comment_problems(text: str) -> list[str]:
 
     doc = _yaml.safe_load(text)
     steps = doc.get("schedule") or []
+    default = {k: v[0] for k, v in (doc.get("variants") or {}).items()}  # comments describe the default
+    steps = [{k: default.get(v[1:], v) if isinstance(v, str) and v.startswith("$") else v for k, v in st.items()}
+             for st in steps]
     out: list[str] = []
     groups: list[tuple[str, list[dict]]] = []
     k = 0
