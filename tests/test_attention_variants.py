@@ -159,7 +159,8 @@ def _keep_tile(cond: str, qt: int, kt: int, bm: int, bn: int, n: int, w: int) ->
         return False
     terms = [t.strip() for t in cond.split("&&")]
     ok = np.ones((i.shape[0], j.shape[1]), dtype=bool)
-    for t in terms:
+    for t in terms:  # a disjunction a || b evaluates as (a) | (b)
+        t = " | ".join(f"({p})" for p in t.split("||"))
         ok &= np.broadcast_to(eval(t.replace("W", f"({w})"), {}, {"i": i, "j": j}), ok.shape)  # noqa: S307
     return bool(ok.any())
 
@@ -272,3 +273,35 @@ def _kernel(tmp_path: Path, spec: dict):
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     s = load_spec_file(path)
     return lower(derive(s, str(path), seed=5).final, s.name)
+
+
+DISJUNCTIONS = [  # prefix-LM and disjunctions whose parts bound the key tile from below, or not
+    ("j <= i || j < W", {"W": "dynamic"}),
+    ("j >= i - 5 || j >= 2 * i - 300", {}),
+    ("i - j < W || j < 3", {"W": "dynamic"}),
+    ("j > i + 100 || j + W >= i", {"W": 64}),
+]
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no host C++ compiler")
+def test_a_disjunction_reaches_the_union_of_its_parts_tiles(tmp_path):
+    """The wgmma range for masks with ||: starts at the least of the parts' first tiles, never
+    skips a kept element (brute force); a first tile taken as the greatest of the parts' is caught."""
+    _check(tmp_path, DISJUNCTIONS)
+    start = _printed_range(tmp_path, *DISJUNCTIONS[1])[0]
+    assert start.startswith("max(0LL, min("), start
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no host C++ compiler")
+def test_a_disjunction_start_at_the_greatest_part_is_caught(tmp_path, monkeypatch):
+    from codegen.mappings import cexpr
+
+    real = cexpr.first_tile_c
+
+    def mutated(conds, var, box, names):
+        from compiler.ir import Or
+        return real(tuple(p for c in conds for p in (c.parts if isinstance(c, Or) else (c,))), var, box, names)
+
+    monkeypatch.setattr(cexpr, "first_tile_c", mutated)
+    with pytest.raises(AssertionError, match="holds a kept element"):
+        _check(tmp_path, DISJUNCTIONS[1:2])

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from compiler.ir import Aff, Bin, Cond, Const, Expr, IndexValue, Read, Reduce, Select, Un, walk
+from compiler.ir import Aff, Bin, Cond, Const, Expr, IndexValue, Or, Read, Reduce, Select, Un, walk
 from compiler.machine import DTYPES
 from compiler.printer import show_expr
 
@@ -249,6 +249,9 @@ def _check_elementwise(value: Expr, k: Kernel, allowed: set[str], n: str) -> Non
             raise refuse(NAME, f"the accumulated value reads {x.tensor} outside a score: only kernel inputs")
         affs = x.idx if isinstance(x, Read) else (x.aff,) if isinstance(x, IndexValue) else ()
         if isinstance(x, Select):
+            if any(isinstance(cc, Or) for cc in x.conds):
+                raise refuse(NAME, f"the mask {' && '.join(map(str, x.conds))} holds a disjunction (||): this "
+                             "mapping prints conjunctions of comparisons only (not implemented)")
             affs = tuple(a for cc in x.conds for a in (cc.lhs, cc.rhs))
         for a in affs:
             if n in a.names():
