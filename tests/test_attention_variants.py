@@ -285,23 +285,28 @@ DISJUNCTIONS = [  # prefix-LM and disjunctions whose parts bound the key tile fr
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="no host C++ compiler")
 def test_a_disjunction_reaches_the_union_of_its_parts_tiles(tmp_path):
-    """The wgmma range for masks with ||: starts at the least of the parts' first tiles, never
-    skips a kept element (brute force); a first tile taken as the greatest of the parts' is caught."""
-    _check(tmp_path, DISJUNCTIONS)
-    start = _printed_range(tmp_path, *DISJUNCTIONS[1])[0]
+    """The wgmma range for masks with ||: from the least of the parts' first tiles to the greatest
+    of their ends; it never skips a kept element (brute force) and skips some fully masked tiles."""
+    checked, dead, skipped = _check(tmp_path, DISJUNCTIONS)
+    assert 0 < skipped <= dead
+    start, end = _printed_range(tmp_path, *DISJUNCTIONS[1])[:2]
     assert start.startswith("max(0LL, min("), start
+    assert "max(" in _printed_range(tmp_path, *DISJUNCTIONS[0])[1]  # prefix-LM: the union's end
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="no host C++ compiler")
-def test_a_disjunction_start_at_the_greatest_part_is_caught(tmp_path, monkeypatch):
+@pytest.mark.parametrize("printer,mask", [("first_tile_c", 1), ("end_tile_c", 0)])
+def test_a_disjunction_range_of_one_part_is_caught(tmp_path, monkeypatch, printer, mask):
+    """Read a disjunction as the conjunction of its parts (the greatest start, the least end):
+    the brute force finds a kept element outside the printed range."""
     from codegen.mappings import cexpr
+    from compiler.ir import Or
 
-    real = cexpr.first_tile_c
+    real = getattr(cexpr, printer)
 
     def mutated(conds, var, box, names):
-        from compiler.ir import Or
         return real(tuple(p for c in conds for p in (c.parts if isinstance(c, Or) else (c,))), var, box, names)
 
-    monkeypatch.setattr(cexpr, "first_tile_c", mutated)
+    monkeypatch.setattr(cexpr, printer, mutated)
     with pytest.raises(AssertionError, match="holds a kept element"):
-        _check(tmp_path, DISJUNCTIONS[1:2])
+        _check(tmp_path, DISJUNCTIONS[mask:mask + 1])

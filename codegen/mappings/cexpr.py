@@ -200,3 +200,46 @@ def _start(c: Cond, var: str, box: Mapping[str, tuple[str, str]], names: Mapping
     need = f"((long long){1 if c.op == '<' else 0} - (long long){aff_c(rest, hi)})"
     # ceil(need / t) with C's truncating division: exact for negative numerators too
     return f"({need} > 0 ? ({need} + {t - 1}) / {t} : -((-{need}) / {t}))"
+
+
+def end_tile_c(conds: tuple[Cond | Or, ...], var: str, box: Mapping[str, tuple[str, str]],
+               names: Mapping[str, str]) -> str | None:
+    """One past the last value of `var` at which every condition can hold in the box (None: no
+    condition bounds it from above).  slack = rhs - lhs = A + t*var with t < 0 holds somewhere iff
+    max(A) + t*var > b (b = 0 for <, -1 for <=): var <= floor((max(A) - b - 1) / -t).  A
+    disjunction reaches the union of its parts' tiles: it ends at the greatest of their ends, and
+    bounds nothing when a part has no end."""
+    ends = []
+    for c in conds:
+        if isinstance(c, Or):
+            parts = [_end(p, var, box, names) for p in c.parts]
+            if all(parts):
+                greatest = parts[0]
+                for e in parts[1:]:
+                    greatest = f"max({greatest}, {e})"
+                ends.append(greatest)
+            continue
+        one = _end(c, var, box, names)
+        if one:
+            ends.append(one)
+    if not ends:
+        return None
+    out = ends[0]
+    for e in ends[1:]:
+        out = f"min({out}, {e})"
+    return out
+
+
+def _end(c: Cond, var: str, box: Mapping[str, tuple[str, str]], names: Mapping[str, str]) -> str:
+    slack = c.rhs - c.lhs
+    t = slack.coef(var)
+    if t >= 0:
+        return ""
+    rest = Aff.build({v: a for v, a in slack.terms if v != var}, slack.const)
+    hi = dict(names)
+    for v, (lo, up) in box.items():
+        hi[v] = up if rest.coef(v) >= 0 else lo
+    num = f"((long long){aff_c(rest, hi)} - {1 if c.op == '<' else 0})"
+    u = -t
+    # floor(num / u) + 1 with C's truncating division
+    return f"(({num} >= 0 ? {num} / {u} : -((-{num} + {u - 1}) / {u})) + 1)"

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from compiler.ir import Aff, Bin, Cond, Const, Expr, Ext, IndexValue, Read, Reduce, Select, Un, walk
+from compiler.ir import Aff, Bin, Cond, Const, Expr, Ext, IndexValue, Or, Read, Reduce, Select, Un, walk
 from compiler.printer import show_expr
 
 from ..kir.ir import Compute, Kernel, Stage, TileLoop
@@ -348,7 +348,7 @@ def mask_context(mask: FoldMask, plan: AttentionPlan) -> dict:
     contraction's value (rowf / colf: the row and
     column as exact floats, so that an index value costs float adds, not a conversion each).
     """
-    from .cexpr import aff_c, box_extremes, conds_c, ext_c, first_tile_c, read_c, value_c
+    from .cexpr import aff_c, box_extremes, conds_c, end_tile_c, ext_c, first_tile_c, read_c, value_c
     from .cexpr import size_names as c_sizes
 
     sizes = c_sizes(tuple(plan.fixed) + tuple((n, None) for n in plan.dynamic))
@@ -410,12 +410,20 @@ def mask_context(mask: FoldMask, plan: AttentionPlan) -> dict:
 
         return value_c(mask.score, read, index_value)
 
+    # a disjunction's upper end (the union of its parts' ranges), which MASK does not express: the
+    # key tiles past it are fully masked for the whole block and leave (m, l, acc) unchanged
+    block_box = {mask.row: ("0", str(bm - 1)), mask.col: ("0", str(bn - 1))}
+    block_ints = {**sizes, **batch, mask.qtile: "qt"}
+    n_tiles = ext_c(mask.ext, {**sizes, mask.qtile: "qt"})
+    or_end = end_tile_c(tuple(c for c in mask.conds if isinstance(c, Or)), mask.ktile, block_box, block_ints)
+    if or_end is not None:
+        n_tiles = f"min((long long)({n_tiles}), {or_end})"
     return dict(has_mask=bool(mask.conds), mask_keep=keep, mask_partial=partial, mask_empty=empty,
-                n_tiles_expr=ext_c(mask.ext, {**sizes, mask.qtile: "qt"}),
+                n_tiles_expr=n_tiles,
                 n_start_expr=first_tile_c(mask.conds, mask.ktile,
                                           {mask.row: ("0", str(bm - 1)), mask.col: ("0", str(bn - 1))},
                                           {**sizes, **batch, mask.qtile: "qt"}),
-                heavy_first=len(mask.ext.parts) > 1, general_score=mask.score is not None, score_value=score,
+                heavy_first=len(mask.ext.parts) > 1 or or_end is not None, general_score=mask.score is not None, score_value=score,
                 score_decls=uniform_decls)
 
 
