@@ -26,7 +26,7 @@ from typing import Any
 
 from .errors import SpecError
 from .lower_spec import MAX_CHECK_POINTS
-from .ir import Aff, Def, Ext, Fold, Program, Reduce, Select, Softmax, walk
+from .ir import Aff, Cond, Def, Ext, Fold, Program, Reduce, Select, Softmax, walk
 from .spec import SpecFile
 
 UNTILED = 5
@@ -103,7 +103,7 @@ def _guard_bounds(d: Def, index: str) -> list[Aff]:
     conds = list(d.guard) + [c for e in walk(d.body) if isinstance(e, Select) for c in e.conds]
     out = []
     for c in conds:
-        if c.lhs.coef(index) == 1 and c.rhs.coef(index) == 0:
+        if isinstance(c, Cond) and c.lhs.coef(index) == 1 and c.rhs.coef(index) == 0:
             out.append(c.rhs - (c.lhs - Aff.of(index)) + (1 if c.op == "<=" else 0))
     return out
 

@@ -119,7 +119,7 @@ def json_safe(x: Any) -> Any:
         return show_def(x)
     if isinstance(x, (ir.Const, ir.Read, ir.Bin, ir.Un, ir.Reduce, ir.Select, ir.Softmax, ir.Let, ir.Fold)):
         return show_expr(x)
-    if isinstance(x, (ir.Aff, ir.Ext, ir.Cond, ir.Mapping)):
+    if isinstance(x, (ir.Aff, ir.Ext, ir.Cond, ir.Or, ir.Mapping)):
         return str(x)
     if is_dataclass(x) and not isinstance(x, type):
         return {f.name: json_safe(getattr(x, f.name)) for f in fields(x)}

@@ -26,7 +26,7 @@ from typing import Mapping
 import numpy as np
 
 from .ir import (
-    Aff, Bin, Binding, Cond, Const, Def, Expr, Ext, Fold, IndexValue, Let, Program, Read, Reduce, also_def,
+    Aff, Bin, Binding, Cond, Const, Def, Or, Expr, Ext, Fold, IndexValue, Let, Program, Read, Reduce, also_def,
     Select, Softmax, Un,
 )
 
@@ -113,9 +113,18 @@ class _Env:
     def cond(self, conds: tuple[Cond, ...]) -> np.ndarray:
         out = np.ones((1,) * self.depth, dtype=bool)
         for c in conds:
-            lhs, rhs = self.aff(c.lhs), self.aff(c.rhs)
-            out = out & ((lhs < rhs) if c.op == "<" else (lhs <= rhs))
+            out = out & self.atom_or(c)
         return out
+
+    def atom_or(self, c: Cond | Or) -> np.ndarray:
+        """One conjunct: a comparison, or a disjunction of comparisons (any holds)."""
+        if isinstance(c, Or):
+            out = self.atom_or(c.parts[0])
+            for p in c.parts[1:]:
+                out = out | self.atom_or(p)
+            return out
+        lhs, rhs = self.aff(c.lhs), self.aff(c.rhs)
+        return (lhs < rhs) if c.op == "<" else (lhs <= rhs)
 
     def lookup(self, name: str) -> _Buffer:
         for n, buf in reversed(self.locals):

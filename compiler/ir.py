@@ -159,6 +159,33 @@ class Cond:
         return f"{self.lhs} {self.op} {self.rhs}"
 
 
+@dataclass(frozen=True)
+class Or:
+    """A disjunction of comparisons, one conjunct of a guard: `j <= i || j < P` (prefix-LM).
+
+    A guard stays a conjunction (a tuple); an element is a Cond or an Or of at least two Conds
+    (conjunctive normal form with atomic disjuncts).  Passes that need a half-space (a tile
+    bound, a staging fill) take Cond only and refuse an Or by name."""
+
+    parts: tuple[Cond, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.parts) < 2 or not all(isinstance(c, Cond) for c in self.parts):
+            raise ValueError("a disjunction joins at least two comparisons")
+
+    def names(self) -> frozenset[str]:
+        return frozenset().union(*(c.names() for c in self.parts))
+
+    def subst(self, name: str, value: Aff) -> "Or":
+        return Or(tuple(c.subst(name, value) for c in self.parts))
+
+    def __str__(self) -> str:  # parenthesised: it is printed inside a conjunction
+        return "(" + " || ".join(map(str, self.parts)) + ")"
+
+
+Guard = Union[Cond, Or]
+
+
 # --------------------------------------------------------------------------- schedule facts
 
 

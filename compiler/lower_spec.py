@@ -8,11 +8,11 @@ from __future__ import annotations
 from .errors import SpecError, did_you_mean
 from .names import name_problem
 from .ir import (
-    Aff, Bin, Cond, Const, Def, Expr, Ext, IndexValue, Loop, Program, Read, Reduce, Select, Softmax,
+    Or, Aff, Bin, Cond, Const, Def, Expr, Ext, IndexValue, Loop, Program, Read, Reduce, Select, Softmax,
     TensorType, Un,
 )
 from .parse import (
-    PAff, PBin, PCall, PCond, PExpr, PName, PNum, PRead, PReduce, PStatement, PWhere,
+    PAff, PBin, PCall, PCond, POr, PExpr, PName, PNum, PRead, PReduce, PStatement, PWhere,
     ParseError, parse_statement,
 )
 from .spec import SpecFile, param_value
@@ -124,8 +124,20 @@ class _Lowering:
             return (Cond(lhs, "<=", rhs), Cond(rhs, "<=", lhs))
         raise SpecError(where, f"unknown comparison {c.op!r}")
 
-    def conds(self, cs: tuple[PCond, ...], bound: set[str], where: str) -> tuple[Cond, ...]:
-        return tuple(x for c in cs for x in self.cond(c, bound, where))
+    def conds(self, cs: tuple[PCond | POr, ...], bound: set[str], where: str) -> tuple[Cond | Or, ...]:
+        return tuple(x for c in cs for x in (self.disjunction(c, bound, where) if isinstance(c, POr)
+                                             else self.cond(c, bound, where)))
+
+    def disjunction(self, c: POr, bound: set[str], where: str) -> tuple[Or]:
+        """One Or of comparisons; `a == b` is a conjunction, which a disjunct cannot hold."""
+        parts = []
+        for p in c.parts:
+            one = self.cond(p, bound, where)
+            if len(one) != 1:
+                raise SpecError(where, "`==` inside a disjunction (||) is not supported: write it as two "
+                                       "comparisons joined by && outside any ||")
+            parts.extend(one)
+        return (Or(tuple(parts)),)
 
     def expr(self, e: PExpr, st: PStatement, extents: dict[str, str], where: str, bound: set[str]) -> Expr:
         if isinstance(e, PNum):

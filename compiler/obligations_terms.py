@@ -4,7 +4,7 @@ A small term language (tuples) rendered to Coq (checked here) and Lean 4 (not ch
 
     ('var', name) ('num', n) ('app', head, [args]) ('lam', [names], body) ('let', name, val, body)
     ('nop', '+'|'*'|'-', a, b)                         nat arithmetic
-    ('lt'|'le'|'eq', a, b) ('conj', [p]) ('iff', p, q) ('true',)   propositions
+    ('lt'|'le'|'eq', a, b) ('conj', [p]) ('disj', [p]) ('iff', p, q) ('true',)   propositions
 
 `Exporter` turns IR expressions into terms.  Everything free in them is recorded so the
 obligation can quantify over it: index variables and dynamic sizes (nat, `i_<v>` / `n_<v>`),
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .ir import (
-    UNARY_FUNCTIONS, Aff, Bin, Cond, Const, Def, Expr, Ext, Fold, IndexValue, Let, Program, Read, Reduce,
+    UNARY_FUNCTIONS, Aff, Bin, Cond, Or, Const, Def, Expr, Ext, Fold, IndexValue, Let, Program, Read, Reduce,
     Select, Softmax, Un,
 )
 from .obligations_types import EXT, FIN, join, program_types
@@ -61,7 +61,7 @@ _LEAN_HEADS = {
     "zero": "KAlg.zero", "one": "KAlg.one", "ninf": "Ext.ninf", "Fin": "Ext.fin", "add": "KAlg.add",
     "mul": "KAlg.mul", "max": "emax", "exp": "KAlg.exp", "neg": "KAlg.neg", "inv": "KAlg.inv",
     "log": "KAlg.log", "gt": "KAlg.gt",
-    "ltb": "Nat.blt", "leb": "Nat.ble", "andb": "and", "min": "Nat.min", "natmod": "Nat.mod", "pair": "Prod.mk",
+    "ltb": "Nat.blt", "leb": "Nat.ble", "andb": "and", "orb": "or", "min": "Nat.min", "natmod": "Nat.mod", "pair": "Prod.mk",
     "fst": "Prod.fst", "snd": "Prod.snd", "mkOState": "OState.mk", "st_m": "OState.st_m",
     "st_l": "OState.st_l", "st_acc": "OState.st_acc",
 }
@@ -110,6 +110,9 @@ def render(t: Term, lang: str = "coq") -> str:
     if k == "conj":
         op = " /\\ " if lang == "coq" else " ∧ "
         return op.join(f"({render(p, lang)})" for p in t[1])
+    if k == "disj":
+        op = " \\/ " if lang == "coq" else " ∨ "
+        return "(" + op.join(f"({render(p, lang)})" for p in t[1]) + ")"
     if k == "iff":
         op = " <-> " if lang == "coq" else " ↔ "
         return f"({render(t[1], lang)}){op}({render(t[2], lang)})"
@@ -259,7 +262,13 @@ class Exporter:
         k = kl - kr
         return self._sum(pl + nr, max(k, 0)), self._sum(pr + nl, max(-k, 0))
 
-    def cond_bool(self, c: Cond, env: dict) -> Term:
+    def cond_bool(self, c: Cond | Or, env: dict) -> Term:
+        if isinstance(c, Or):  # a disjunction: orb of its comparisons
+            bs = [self.cond_bool(p, env) for p in c.parts]
+            out = bs[-1]
+            for b in reversed(bs[:-1]):
+                out = A("orb", b, out)
+            return out
         l, r = self.cond_sides(c, env)
         return A("ltb" if c.op == "<" else "leb", l, r)
 
@@ -270,7 +279,9 @@ class Exporter:
             out = A("andb", b, out)
         return out
 
-    def cond_prop(self, c: Cond, env: dict) -> Term:
+    def cond_prop(self, c: Cond | Or, env: dict) -> Term:
+        if isinstance(c, Or):
+            return ("disj", [self.cond_prop(p, env) for p in c.parts])
         l, r = self.cond_sides(c, env)
         return ("lt" if c.op == "<" else "le", l, r)
 

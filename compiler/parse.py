@@ -11,7 +11,8 @@ reads `T[affine, ...]`, `exp(e)`, `log(e)`, `sqrt(e)`, `rsqrt(e)`, `tanh(e)`, `e
 reductions `sum(v: e)` / `max(v: e)` with an optional guard `sum(v | cond && cond: e)`,
 `softmax(v [| cond]: e)` and `where(cond, a, b)`.  A size or index name used as a value (`/ C`,
 `(j - i)`) is its number.  Affine indices: `i`, `2*i + 1`, `i - j`; conditions
-`a < b`, `a <= b`, `a > b`, `a >= b`, `a == b`, joined with `&&`.
+`a < b`, `a <= b`, `a > b`, `a >= b`, `a == b`, joined with `&&`, or with `||` (a disjunction:
+`j <= i || j < P`; one condition is a conjunction or a disjunction, never both).
 The parser produces a small syntax tree; `lower_spec` turns it into IR.
 """
 from __future__ import annotations
@@ -28,7 +29,7 @@ MAX_STATEMENT_LENGTH = 4000
 MAX_NESTING = 32
 MAX_EXPR_DEPTH = 100
 
-TOKEN = re.compile(r"\s*(?:(\d+\.\d*(?:[eE][-+]?\d+)?|\d+(?:[eE][-+]?\d+)?)|([A-Za-z_][A-Za-z_0-9]*)|(<=|>=|==|&&|[-+*/()\[\],:<>|=]))")
+TOKEN = re.compile(r"\s*(?:(\d+\.\d*(?:[eE][-+]?\d+)?|\d+(?:[eE][-+]?\d+)?)|([A-Za-z_][A-Za-z_0-9]*)|(<=|>=|==|&&|\|\||[-+*/()\[\],:<>|=]))")
 
 
 FUNCTIONS = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf")
@@ -61,6 +62,13 @@ class PCond:
     lhs: PAff
     op: str
     rhs: PAff
+
+
+@dataclass(frozen=True)
+class POr:
+    """cond || cond || ...: one guard conjunct that holds when any part does."""
+
+    parts: tuple[PCond, ...]
 
 
 @dataclass(frozen=True)
@@ -252,12 +260,16 @@ class _Parser:
             + ", ".join(f"{f}(e)" for f in FUNCTIONS) + ", softmax(v: e), where(cond, a, b))"
         )
 
-    def conds(self) -> tuple[PCond, ...]:
+    def conds(self) -> tuple[PCond | POr, ...]:
         out = [self.cond()]
-        while self.peek() == "&&":
-            self.take("&&")
+        joins = set()
+        while self.peek() in ("&&", "||"):
+            joins.add(self.take())
             out.append(self.cond())
-        return tuple(out)
+        if joins == {"&&", "||"}:
+            raise ParseError("a condition joins comparisons with both && and ||: write a conjunction "
+                             "(a && b) or a disjunction (a || b), not both")
+        return (POr(tuple(out)),) if joins == {"||"} else tuple(out)
 
     def cond(self) -> PCond:
         lhs = self.aff()
@@ -293,6 +305,9 @@ class _Parser:
                 return int(tok), self.name()
             return int(tok), None
         if re.fullmatch(r"[A-Za-z_]\w*", tok):
+            if self.peek() == "[":
+                raise ParseError(f"a read of {tok} in an index or a condition: indices and masks are affine in "
+                                 "indices and sizes (a mask on tensor data is not supported)")
             if self.peek() == "*":
                 self.take("*")
                 k = self.take()

@@ -118,6 +118,9 @@ ONLINE = {"l_not_rescaled": l_not_rescaled, "max_zero": max_zero}
 @pytest.mark.parametrize("mutation", sorted(ONLINE))
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def test_online_agg_mutants_fail_every_example(tmp_path, monkeypatch, path, mutation):
+    if mutation == "max_zero" and path.stem == "attention_softcap":
+        pytest.skip("an equivalent mutant: soft-capped scores lie in [-30, 30], so exp(s - 0) never overflows "
+                    "and the running max is a shift that cancels exactly")
     spec = yaml.safe_load(path.read_text())
     mutate_rewrite(monkeypatch, "online_agg", ONLINE[mutation])
     err = assert_fails_at(tmp_path, spec, step_of(spec, "online_agg"), "online_agg")

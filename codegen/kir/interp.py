@@ -19,7 +19,7 @@ import numpy as np
 from compiler.derive import checked_outputs, output_error
 from compiler.interp import UNARY, random_inputs, run_program, step_gt
 from compiler.ir import (
-    BINARY_OPERATORS, UNARY_FUNCTIONS, Aff, Bin, Cond, Const, Expr, Ext, IndexValue, Program, Read, Reduce, Select, Un,
+    BINARY_OPERATORS, UNARY_FUNCTIONS, Aff, Bin, Cond, Or, Const, Expr, Ext, IndexValue, Program, Read, Reduce, Select, Un,
 )
 
 from .ir import Compute, Kernel, Stage, Stmt, Store, TileLoop
@@ -108,9 +108,18 @@ class _Env:
     def cond(self, conds: tuple[Cond, ...]) -> _V:
         out = _V(np.asarray(True), ())
         for c in conds:
-            cmp = np.less if c.op == "<" else np.less_equal
-            out = _lift(lambda o, a, b, cmp=cmp: o & cmp(a, b), out, self.aff(c.lhs), self.aff(c.rhs))
+            out = _lift(lambda o, a: o & a, out, self.atom_or(c))
         return out
+
+    def atom_or(self, c: Cond | Or) -> _V:
+        """One conjunct: a comparison, or a disjunction of comparisons (any holds)."""
+        if isinstance(c, Or):
+            out = self.atom_or(c.parts[0])
+            for p in c.parts[1:]:
+                out = _lift(lambda a, b: a | b, out, self.atom_or(p))
+            return out
+        cmp = np.less if c.op == "<" else np.less_equal
+        return _lift(lambda a, b: cmp(a, b), self.aff(c.lhs), self.aff(c.rhs))
 
     # -- values
     def read(self, e: Read) -> _V:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Callable, Mapping
 
-from compiler.ir import UNARY_FUNCTIONS, Aff, Bin, Cond, Const, Expr, Ext, IndexValue, Read, Un
+from compiler.ir import UNARY_FUNCTIONS, Aff, Bin, Cond, Const, Expr, Ext, IndexValue, Or, Read, Un
 
 
 def aff_c(a: Aff, names: Mapping[str, str]) -> str:
@@ -24,11 +24,13 @@ def aff_c(a: Aff, names: Mapping[str, str]) -> str:
     return f"({text})"
 
 
-def cond_c(c: Cond, names: Mapping[str, str]) -> str:
+def cond_c(c: Cond | Or, names: Mapping[str, str]) -> str:
+    if isinstance(c, Or):
+        return "(" + " || ".join(cond_c(p, names) for p in c.parts) + ")"
     return f"({aff_c(c.lhs, names)} {c.op} {aff_c(c.rhs, names)})"
 
 
-def conds_c(conds: tuple[Cond, ...], names: Mapping[str, str]) -> str:
+def conds_c(conds: tuple[Cond | Or, ...], names: Mapping[str, str]) -> str:
     return " && ".join(cond_c(c, names) for c in conds) if conds else "true"
 
 
@@ -70,13 +72,20 @@ def size_names(sizes: tuple[tuple[str, int | None], ...], prefix: str = "sz_") -
     return {n: (str(v) if v is not None else prefix + n) for n, v in sizes}
 
 
-def box_extremes(c: Cond, box: Mapping[str, tuple[str, str]], names: Mapping[str, str]) -> tuple[str, str]:
+def box_extremes(c: Cond | Or, box: Mapping[str, tuple[str, str]], names: Mapping[str, str]) -> tuple[str, str]:
     """C expressions for (the condition holds on the whole box, it holds nowhere in it).
+
+    A disjunction holds on the whole box where one of its parts does (sufficient: a box some
+    parts cover only between them is treated as partial, masked element-wise), and nowhere
+    exactly where every part holds nowhere.
 
     The box gives each boxed variable its (lowest, highest) value as C; the condition
     lhs < rhs (or <=) is affine, so its slack rhs - lhs is least and greatest at corners: each
     boxed variable sits at the end its coefficient's sign picks.
     """
+    if isinstance(c, Or):
+        ends = [box_extremes(p, box, names) for p in c.parts]
+        return "(" + " || ".join(e for e, _ in ends) + ")", "(" + " && ".join(n for _, n in ends) + ")"
     slack = c.rhs - c.lhs
     lo_names, hi_names = dict(names), dict(names)
     for v, (lo, hi) in box.items():
@@ -155,22 +164,82 @@ def first_tile_c(conds: tuple[Cond, ...], var: str, box: Mapping[str, tuple[str,
     holds somewhere in the box iff max over the box of A (each boxed variable at the corner its
     coefficient picks) + t*var > b (b = 0 for <, -1 for <=), i.e. var >= ceil((b + 1 - A_max) / t).
     The conditions are half-spaces, so the tiles they can reach form one interval: the tiles below
-    the largest of these bounds are fully masked for the whole box.
+    the largest of these bounds are fully masked for the whole box.  A disjunction reaches the
+    union of its parts' tiles: it starts at the least of their starts (at 0 when a part has none).
     """
     starts = []
     for c in conds:
-        slack = c.rhs - c.lhs
-        t = slack.coef(var)
-        if t <= 0:
+        if isinstance(c, Or):  # the union of the parts' ranges: the least of their starts
+            parts = [_start(p, var, box, names) for p in c.parts]
+            if all(parts):
+                least = parts[0]
+                for s in parts[1:]:
+                    least = f"min({least}, {s})"
+                starts.append(least)
             continue
-        rest = Aff.build({v: a for v, a in slack.terms if v != var}, slack.const)
-        hi = dict(names)
-        for v, (lo, up) in box.items():
-            hi[v] = up if rest.coef(v) >= 0 else lo
-        need = f"((long long){1 if c.op == '<' else 0} - (long long){aff_c(rest, hi)})"
-        # ceil(need / t) with C's truncating division: exact for negative numerators too
-        starts.append(f"({need} > 0 ? ({need} + {t - 1}) / {t} : -((-{need}) / {t}))")
+        one = _start(c, var, box, names)
+        if one:
+            starts.append(one)
     out = "0LL"
     for s in starts:
         out = f"max({out}, {s})"
     return out
+
+
+def _start(c: Cond, var: str, box: Mapping[str, tuple[str, str]], names: Mapping[str, str]) -> str:
+    """The first value of `var` at which c holds somewhere in the box ("" when c does not bound
+    `var` from below)."""
+    slack = c.rhs - c.lhs
+    t = slack.coef(var)
+    if t <= 0:
+        return ""
+    rest = Aff.build({v: a for v, a in slack.terms if v != var}, slack.const)
+    hi = dict(names)
+    for v, (lo, up) in box.items():
+        hi[v] = up if rest.coef(v) >= 0 else lo
+    need = f"((long long){1 if c.op == '<' else 0} - (long long){aff_c(rest, hi)})"
+    # ceil(need / t) with C's truncating division: exact for negative numerators too
+    return f"({need} > 0 ? ({need} + {t - 1}) / {t} : -((-{need}) / {t}))"
+
+
+def end_tile_c(conds: tuple[Cond | Or, ...], var: str, box: Mapping[str, tuple[str, str]],
+               names: Mapping[str, str]) -> str | None:
+    """One past the last value of `var` at which every condition can hold in the box (None: no
+    condition bounds it from above).  slack = rhs - lhs = A + t*var with t < 0 holds somewhere iff
+    max(A) + t*var > b (b = 0 for <, -1 for <=): var <= floor((max(A) - b - 1) / -t).  A
+    disjunction reaches the union of its parts' tiles: it ends at the greatest of their ends, and
+    bounds nothing when a part has no end."""
+    ends = []
+    for c in conds:
+        if isinstance(c, Or):
+            parts = [_end(p, var, box, names) for p in c.parts]
+            if all(parts):
+                greatest = parts[0]
+                for e in parts[1:]:
+                    greatest = f"max({greatest}, {e})"
+                ends.append(greatest)
+            continue
+        one = _end(c, var, box, names)
+        if one:
+            ends.append(one)
+    if not ends:
+        return None
+    out = ends[0]
+    for e in ends[1:]:
+        out = f"min({out}, {e})"
+    return out
+
+
+def _end(c: Cond, var: str, box: Mapping[str, tuple[str, str]], names: Mapping[str, str]) -> str:
+    slack = c.rhs - c.lhs
+    t = slack.coef(var)
+    if t >= 0:
+        return ""
+    rest = Aff.build({v: a for v, a in slack.terms if v != var}, slack.const)
+    hi = dict(names)
+    for v, (lo, up) in box.items():
+        hi[v] = up if rest.coef(v) >= 0 else lo
+    num = f"((long long){aff_c(rest, hi)} - {1 if c.op == '<' else 0})"
+    u = -t
+    # floor(num / u) + 1 with C's truncating division
+    return f"(({num} >= 0 ? {num} / {u} : -((-{num} + {u - 1}) / {u})) + 1)"

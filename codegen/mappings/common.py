@@ -69,7 +69,7 @@ def grid_axes(k: Kernel, tiles: dict[str, tuple[str, int]]) -> tuple[GridAxis, .
 def bound_cond(c: Cond, var_tile: tuple[str, int], local: str) -> str | None:
     """If c is `tile * g + local < SIZE` (either side order kept), the size name; else None."""
     g, t = var_tile
-    if c.op != "<" or c.lhs != Aff.build({g: t, local: 1}):
+    if not isinstance(c, Cond) or c.op != "<" or c.lhs != Aff.build({g: t, local: 1}):
         return None
     r = c.rhs
     if len(r.terms) == 1 and r.terms[0][1] == 1 and not r.const:

@@ -9,7 +9,7 @@ affine conditions, printed by codegen.mappings.cexpr — never a flag):
                         (wgmma: from the first tile MASK reaches for the block, cexpr.first_tile_c;
                          the steps below are fully masked and leave (m, l, acc) unchanged)
         stage K_t[r < BN, e < D] = [bound] ? K[batch.., BN*jo + r, e] : 0      (V_t alike)
-        compute S[c < BN] = [MASK] ? SCALE * sum(e < D: Q_t[ii, e] * K_t[c, e]) (+ TERM) : -inf
+        compute S[c < BN] = [MASK] ? SCORE(sum(e < D: Q_t[ii, e] * K_t[c, e])) : -inf
         compute m' = max(m, max(x < BN: S[x]))
         compute P[c < BN] = [MASK] ? exp(S[c] - m') : 0
         m := m';  l := l * rescale(m, m') + sum(y < BN: P[y])
@@ -22,11 +22,13 @@ index — [B, H, N, D], flash-attn's [B, N, H, D], grouped-query K / V read at t
 The printers address each operand with its row-major strides (TMA maps of that rank, cp.async
 row addresses); any other index map is refused by name.
 
-SCALE must be a positive constant (without a TERM the kernels take the row max before scaling).
-TERM, the additive score term (ALiBi's `Slope[h] * idx(j - i)`, a bias `Bias[b, h, i, j]`), is any
-element-wise expression of constants, index values and reads of the kernel's inputs at the query
-row, key column, tiles, batch indices and sizes; it is printed from the kernel IR by
-codegen.mappings.cexpr.value_c, every read guarded by its tensor's bounds.  Every part is compared with the
+SCORE is any element-wise expression of the contraction (once), constants, index values, sizes and
+reads of the kernel's inputs at the query row, key column, tiles, batch indices and sizes (ALiBi's
+`Slope[h] * idx(j - i)`, a bias, soft-capping's `c * tanh(QK / c)`).  The printers take its normal
+form (codegen.mappings.score: equivalent spellings print one kernel): SCALE * QK with a positive
+constant SCALE folds SCALE into exp2's log2(e) factor (the row max is taken before scaling); any
+other score is printed by codegen.mappings.cexpr.value_c per element, every read guarded by its
+tensor's bounds, and the fold runs in log2(e) units.  Every part is compared with the
 kernel IR; any other update (a dropped rescale, a running max that is not updated, another score)
 is refused by name.
 """
@@ -34,13 +36,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from compiler.ir import Aff, Bin, Cond, Const, Expr, Ext, IndexValue, Read, Reduce, Select, Un, walk
+from compiler.ir import Aff, Bin, Cond, Const, Expr, Ext, IndexValue, Or, Read, Reduce, Select, Un, walk
 from compiler.printer import show_expr
 
 from ..kir.ir import Compute, Kernel, Stage, TileLoop
 from .ctx_common import loop_block_var
 from .plan import AttentionPlan, Operand
 from .render import render_fold
+from .score import contraction_in, normal_form, split_scale, substitute
 from .render_attn_wgmma import encode_attn_tensor_maps, render_attn_wgmma
 from ..cuda.tma import Encoder, encode_driver
 from .registry import Mapping, Printed, Variant, register
@@ -61,7 +64,8 @@ class FoldMask:
     qtile: str
     ktile: str
     ext: Ext
-    term: Expr | None = None  # the additive score term (None: the score is SCALE * Q.K only)
+    score: Expr | None = None  # the general score, in normal form (None: the score is SCALE * Q.K)
+    acc: str = ""  # the name the score reads its contraction by (Read(acc, ()))
     batch: tuple[tuple[str, str], ...] = ()  # (grid variable, the batch size it enumerates)
 
 
@@ -102,17 +106,15 @@ def match(k: Kernel, mapping: str) -> tuple[AttentionPlan, FoldMask]:
     if len(s_c.buf.dims) != 1 or len(p_c.buf.dims) != 1 or mn_c.buf.dims:
         raise refuse(mapping, "S and P must be score rows and the new max a scalar")
     (c, bn), (cp, bn_p) = s_c.buf.dims[0], p_c.buf.dims[0]
-    # S = [MASK] ? SCALE * sum(e < D: Q_t[row, e] * K_t[c, e]) : -inf
-    mask, score = _masked(s_c.value, NEG_INF)
-    score, term = _split_term(score)
-    scale = 1.0
-    if isinstance(score, Bin) and score.op == "*" and isinstance(score.a, Const):
-        scale, score = float(score.a.value), score.b
-    if not (isinstance(score, Reduce) and score.op == "sum"):
-        raise refuse(mapping, f"the score {s_c.buf.name} is not (positive constant *) a sum of products "
-                     "(+ an additive term)")
-    if not scale > 0:
-        raise refuse(mapping, f"score scale {scale} must be a positive constant")
+    # S = [MASK] ? SCORE(sum(e < D: Q_t[row, e] * K_t[c, e]), indices, reads) : -inf
+    mask, score_ir = _masked(s_c.value, NEG_INF)
+    sums = contraction_in(score_ir)
+    if len(sums) != 1 or sums[0].op != "sum":
+        raise refuse(mapping, f"the score {s_c.buf.name} = {show_expr(score_ir)} holds {len(sums)} reductions: "
+                     "it must be an element-wise function of one sum of products")
+    score = sums[0]
+    qk_value = Read(s_c.buf.name, ())  # the contraction's tile value, as the score expression reads it
+    scale, general = split_scale(normal_form(substitute(score_ir, score, qk_value), k.fixed()), qk_value)
     e = score.var
     qk = score.body
     by_name = {st.buf.name: st for st in stages}
@@ -214,7 +216,7 @@ def match(k: Kernel, mapping: str) -> tuple[AttentionPlan, FoldMask]:
     if not loop.ext.names() <= set(dict(k.sizes)) | {qt}:
         raise refuse(mapping, f"the key tile range {loop.var} < {loop.ext} depends on more than sizes and the query tile")
     batch_loops = tuple(g for g in tiles if g != qt)
-    extras = _term_inputs(k, term, {row, c, qt, loop.var} | set(batch_loops), (q_op, k_op, v_op), mapping)
+    extras = _score_inputs(k, general, qk_value, {row, c, qt, loop.var} | set(batch_loops), (q_op, k_op, v_op), mapping)
     # every dynamic size is a kernel argument (the launch passes k.dynamic()): the mask, the key
     # tile range and the score term may use sizes no operand has
     plan = AttentionPlan(
@@ -228,7 +230,7 @@ def match(k: Kernel, mapping: str) -> tuple[AttentionPlan, FoldMask]:
         guard_q=guard_q, guard_kv=guard_kv, grid=grid_axes(k, tiles), swizzle=True, extras=extras, lse=lse_op,
     )
     bdims = tuple((g, tiles[g][0]) for g in batch_loops)
-    return plan, FoldMask(mask, row, c, qt, loop.var, loop.ext, term, bdims)
+    return plan, FoldMask(mask, row, c, qt, loop.var, loop.ext, general, qk_value.tensor, bdims)
 
 
 def _stat_operand(k: Kernel, m: str, l: str, dl: str, o_roles: tuple[str, ...], mapping: str) -> Operand | None:
@@ -252,47 +254,35 @@ def _stat_operand(k: Kernel, m: str, l: str, dl: str, o_roles: tuple[str, ...], 
     return replace(operand(k, st.tensor, "global", mapping), roles=o_roles[:head] + o_roles[head + 1:])
 
 
-def _is_qk(e: Expr) -> bool:
-    return (isinstance(e, Reduce) and e.op == "sum") or (
-        isinstance(e, Bin) and e.op == "*" and isinstance(e.a, Const) and isinstance(e.b, Reduce))
-
-
-def _split_term(score: Expr) -> tuple[Expr, Expr | None]:
-    """score = QK, QK + T, T + QK or QK - T (QK the scaled sum): (QK, T with its sign)."""
-    if isinstance(score, Bin) and score.op in ("+", "-"):
-        if _is_qk(score.a):
-            return score.a, (score.b if score.op == "+" else Un("neg", score.b))
-        if score.op == "+" and _is_qk(score.b):
-            return score.b, score.a
-    return score, None
-
-
-def _term_inputs(k: Kernel, term: Expr | None, indices: set[str], qkv: tuple, mapping: str) -> tuple:
-    """The inputs the score term reads besides Q, K, V (kernel-argument order); refuses a term
-    that is not element-wise over the row, column, tiles and batch indices, and an argument order
-    other than Q, K, V, then the term's tensors."""
+def _score_inputs(k: Kernel, score: Expr | None, acc: Read, indices: set[str], qkv: tuple,
+                  mapping: str) -> tuple:
+    """The inputs the score reads besides Q, K, V (kernel-argument order); refuses a score that
+    is not element-wise over the contraction, the row, column, tiles and batch indices, and an
+    argument order other than Q, K, V, then the score's tensors."""
     read: list[str] = []
-    if term is not None:
+    if score is not None:
         inputs = {t.name for t in k.inputs}
         allowed = indices | set(dict(k.sizes))
-        for x in walk(term):
-            if not isinstance(x, (Const, Read, IndexValue, Bin, Un)):
-                raise refuse(mapping, f"the score term {show_expr(term)} contains {type(x).__name__}: "
-                             "only element-wise values are printed")
+        for x in walk(score):
+            if not isinstance(x, (Const, Read, IndexValue, Bin, Un)) or (isinstance(x, Bin) and x.op == "rescale"):
+                raise refuse(mapping, f"the score {show_expr(score)} contains "
+                             f"{x.op if isinstance(x, Bin) else type(x).__name__}: only element-wise values are printed")
+            if x == acc:
+                continue
             affs = x.idx if isinstance(x, Read) else (x.aff,) if isinstance(x, IndexValue) else ()
             if isinstance(x, Read) and x.tensor not in inputs:
-                raise refuse(mapping, f"the score term reads {x.tensor}, which is not a kernel input")
+                raise refuse(mapping, f"the score reads {x.tensor}, which is not a kernel input")
             if isinstance(x, Read) and x.tensor not in read:
                 read.append(x.tensor)
             for a in affs:
                 if not a.names() <= allowed:
-                    raise refuse(mapping, f"the score term {show_expr(term)} uses {sorted(a.names() - allowed)}: "
+                    raise refuse(mapping, f"the score {show_expr(score)} uses {sorted(a.names() - allowed)}: "
                                  "only the query row, key column, tiles, batch indices and sizes")
     names = tuple(op.name for op in qkv)
     extra = tuple(t.name for t in k.inputs if t.name in read and t.name not in names)
     if tuple(t.name for t in k.inputs) != names + extra:
         raise refuse(mapping, f"the inputs are ({', '.join(t.name for t in k.inputs)}): this mapping takes "
-                     f"({', '.join(names + extra)}) — Q, K, V first, then the tensors the score term reads")
+                     f"({', '.join(names + extra)}) — Q, K, V first, then the tensors the score reads")
     return tuple(operand(k, n, "global", mapping) for n in extra)
 
 
@@ -354,10 +344,11 @@ def mask_context(mask: FoldMask, plan: AttentionPlan) -> dict:
     The templates call mask_keep(row, col, ktile) with C expressions for the absolute query
     row, the absolute key column and the key tile index (q0 and qt in scope), and
     mask_partial / mask_empty(row_lo, row_hi, ktile) for a block of rows times one key tile;
-    score_term(row, col, ktile, rowf, colf) is the additive score term (rowf / colf: the row and
+    score_value(acc, row, col, ktile, rowf, colf) is the general score, acc the C name of the
+    contraction's value (rowf / colf: the row and
     column as exact floats, so that an index value costs float adds, not a conversion each).
     """
-    from .cexpr import aff_c, box_extremes, conds_c, ext_c, first_tile_c, read_c, value_c
+    from .cexpr import aff_c, box_extremes, conds_c, end_tile_c, ext_c, first_tile_c, read_c, value_c
     from .cexpr import size_names as c_sizes
 
     sizes = c_sizes(tuple(plan.fixed) + tuple((n, None) for n in plan.dynamic))
@@ -389,8 +380,8 @@ def mask_context(mask: FoldMask, plan: AttentionPlan) -> dict:
     # once per block into registers t_u<n>; the others per element
     block_names = {**sizes, **batch}
     uniform: dict[Read, str] = {}
-    for x in walk(mask.term) if mask.term is not None else ():
-        if isinstance(x, Read) and all(a.names() <= set(block_names) for a in x.idx) and x not in uniform:
+    for x in walk(mask.score) if mask.score is not None else ():
+        if isinstance(x, Read) and x.tensor != mask.acc and all(a.names() <= set(block_names) for a in x.idx) and x not in uniform:
             uniform[x] = f"t_u{len(uniform)}"
 
     def load(r: Read, ints: dict[str, str]) -> str:
@@ -399,10 +390,12 @@ def mask_context(mask: FoldMask, plan: AttentionPlan) -> dict:
 
     uniform_decls = [f"const float {v} = {load(r, block_names)};" for r, v in uniform.items()]
 
-    def term(row: str, col: str, ktile: str, rowf: str, colf: str) -> str:
+    def score(acc: str, row: str, col: str, ktile: str, rowf: str, colf: str) -> str:
         ints = names(row, col, ktile)
 
         def read(r: Read) -> str:
+            if r.tensor == mask.acc:
+                return acc
             return uniform.get(r) or load(r, ints)
 
         def index_value(a: Aff) -> str:
@@ -415,18 +408,23 @@ def mask_context(mask: FoldMask, plan: AttentionPlan) -> dict:
                 parts.append(f"(float){aff_c(rest, ints)}")
             return "(" + " + ".join(parts) + ")"
 
-        return value_c(mask.term, read, index_value)
+        return value_c(mask.score, read, index_value)
 
+    # a disjunction's upper end (the union of its parts' ranges), which MASK does not express: the
+    # key tiles past it are fully masked for the whole block and leave (m, l, acc) unchanged
+    block_box = {mask.row: ("0", str(bm - 1)), mask.col: ("0", str(bn - 1))}
+    block_ints = {**sizes, **batch, mask.qtile: "qt"}
+    n_tiles = ext_c(mask.ext, {**sizes, mask.qtile: "qt"})
+    or_end = end_tile_c(tuple(c for c in mask.conds if isinstance(c, Or)), mask.ktile, block_box, block_ints)
+    if or_end is not None:
+        n_tiles = f"min((long long)({n_tiles}), {or_end})"
     return dict(has_mask=bool(mask.conds), mask_keep=keep, mask_partial=partial, mask_empty=empty,
-                n_tiles_expr=ext_c(mask.ext, {**sizes, mask.qtile: "qt"}),
+                n_tiles_expr=n_tiles,
                 n_start_expr=first_tile_c(mask.conds, mask.ktile,
                                           {mask.row: ("0", str(bm - 1)), mask.col: ("0", str(bn - 1))},
                                           {**sizes, **batch, mask.qtile: "qt"}),
-                heavy_first=len(mask.ext.parts) > 1, has_term=mask.term is not None, score_term=term,
-                term_decls=uniform_decls,
-                term_per_element_reads=any(isinstance(x, Read) and x not in uniform
-                                           for x in (walk(mask.term) if mask.term is not None else ())),
-                SCALE=repr(float(plan.scale)) + "f")
+                heavy_first=len(mask.ext.parts) > 1 or or_end is not None, general_score=mask.score is not None, score_value=score,
+                score_decls=uniform_decls)
 
 
 def _promises(plan: AttentionPlan) -> dict:
@@ -443,8 +441,8 @@ def _print(k: Kernel, options: tuple[str, ...], instr: str) -> Printed:
     wgmma = instr == "wgmma"
     try:
         ctx = mask_context(mask, plan)
-        if wgmma:  # a score term holds more registers: the overlapped schedule would spill
-            ks = render_attn_wgmma(plan, ctx, options, overlap=not ctx["has_term"])
+        if wgmma:  # a general score holds more registers: the overlapped schedule would spill
+            ks = render_attn_wgmma(plan, ctx, options, overlap=not ctx["general_score"])
         else:
             ks = render_fold(plan, ctx, options)
     except ValueError as exc:

@@ -124,7 +124,7 @@ def _attention_ctx(p: AttentionPlan, mask: dict) -> dict:
                      Nq=sz.expr(p.seq_q), Nk=sz.expr(p.seq_k), kv_tile=p.block_n * d,
                      SL2=repr(float(p.scale) * math.log2(math.e)) + "f")
     ctx.update(mask)
-    if mask.get("has_term"):  # the score SCALE * QK + TERM is formed first: the fold runs in log2(e) units
+    if mask.get("general_score"):  # the score is computed first: the fold runs in log2(e) units
         ctx["SL2"] = repr(math.log2(math.e)) + "f"
     ctx["params"], arg_names = params(p, sz)
     if d * elem < 16 or d % 16:

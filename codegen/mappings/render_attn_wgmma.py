@@ -110,7 +110,7 @@ def _context(p: AttentionPlan, mask: dict, overlap: bool) -> dict:
                      Nq=sz.expr(p.seq_q), Nk=sz.expr(p.seq_k),
                      SL2=repr(float(p.scale) * math.log2(math.e)) + "f")
     ctx.update(mask)
-    if mask.get("has_term"):  # the score SCALE * QK + TERM is formed first: the fold runs in log2(e) units
+    if mask.get("general_score"):  # the score is computed first: the fold runs in log2(e) units
         ctx["SL2"] = repr(math.log2(math.e)) + "f"
     param_list, names = params(p, sz)
     ctx["params"], ctx["_arg_names"] = param_list, names + ("tmaps",)

@@ -23,21 +23,21 @@ where the lanes are (row @warp, n), X_t is a column tile (the accumulation's B o
 A transposed use (a score read at [c, row], or a row-lane read of the accumulation's B) has no
 register form here and is refused by name, as is any other statement.  The tile range is the
 kernel IR's extent, narrowed for the block to the tiles the zero guards of A can reach (the
-iterations outside contribute 0: cexpr.first_tile_c and its upper twin `_end_tile_c`); a warp
+iterations outside contribute 0: cexpr.first_tile_c and its upper twin end_tile_c); a warp
 whose rows the guards mask for a whole tile skips its products.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from compiler.ir import Aff, Bin, Cond, Const, Expr, IndexValue, Read, Reduce, Select, Un, walk
+from compiler.ir import Aff, Bin, Cond, Const, Expr, IndexValue, Or, Read, Reduce, Select, Un, walk
 from compiler.machine import DTYPES
 from compiler.printer import show_expr
 
 from ..kir.grid import block_index_c
 from ..kir.ir import Kernel, Stage, TileLoop
 from ..source import KernelSource
-from .cexpr import _BINARY_C, aff_c, box_extremes, cond_c, conds_c, ext_c, first_tile_c, float_const_c, gt_c
+from .cexpr import _BINARY_C, aff_c, box_extremes, cond_c, conds_c, end_tile_c, ext_c, first_tile_c, float_const_c, gt_c
 from .cexpr import index_value_c, read_c, size_names, unary_c
 from .common import bound_cond, grid_axes, launch_of, operand, refuse, staged
 from .ctx_common import DEFAULT_OPTIONS, ident, loop_block_var, source
@@ -249,6 +249,9 @@ def _check_elementwise(value: Expr, k: Kernel, allowed: set[str], n: str) -> Non
             raise refuse(NAME, f"the accumulated value reads {x.tensor} outside a score: only kernel inputs")
         affs = x.idx if isinstance(x, Read) else (x.aff,) if isinstance(x, IndexValue) else ()
         if isinstance(x, Select):
+            if any(isinstance(cc, Or) for cc in x.conds):
+                raise refuse(NAME, f"the mask {' && '.join(map(str, x.conds))} holds a disjunction (||): this "
+                             "mapping prints conjunctions of comparisons only (not implemented)")
             affs = tuple(a for cc in x.conds for a in (cc.lhs, cc.rhs))
         for a in affs:
             if n in a.names():
@@ -256,32 +259,6 @@ def _check_elementwise(value: Expr, k: Kernel, allowed: set[str], n: str) -> Non
             if not a.names() <= allowed:
                 raise refuse(NAME, f"the accumulated value uses {sorted(a.names() - allowed)}: only the row, the "
                              "column, the tiles, batch indices and sizes")
-
-
-def _end_tile_c(conds: tuple[Cond, ...], var: str, box: dict[str, tuple[str, str]], names: dict[str, str]) -> str | None:
-    """One past the last value of `var` at which every condition can hold in the box (None: no
-    condition bounds it from above).  slack = rhs - lhs = A + t*var with t < 0 holds somewhere iff
-    max(A) + t*var > b (b = 0 for <, -1 for <=): var <= floor((max(A) - b - 1) / -t)."""
-    ends = []
-    for c in conds:
-        slack = c.rhs - c.lhs
-        t = slack.coef(var)
-        if t >= 0:
-            continue
-        rest = Aff.build({v: a for v, a in slack.terms if v != var}, slack.const)
-        hi = dict(names)
-        for v, (lo, up) in box.items():
-            hi[v] = up if rest.coef(v) >= 0 else lo
-        num = f"((long long){aff_c(rest, hi)} - {1 if c.op == '<' else 0})"
-        u = -t
-        # floor(num / u) + 1 with C's truncating division
-        ends.append(f"(({num} >= 0 ? {num} / {u} : -((-{num} + {u - 1}) / {u})) + 1)")
-    if not ends:
-        return None
-    out = ends[0]
-    for e in ends[1:]:
-        out = f"min({out}, {e})"
-    return out
 
 
 def _stride(op: Operand, pos: int, fixed: dict[str, int]) -> str:
@@ -348,7 +325,7 @@ def context(m: _Match) -> dict:
     box = {m.row: ("0", str(p.block_m - 1)), m.col: ("0", str(p.block_n - 1))}
     begin = first_tile_c(guards, m.loop.var, box, blk)
     end = f"(long long)({ext_c(m.loop.ext, blk)})"
-    upper = _end_tile_c(guards, m.loop.var, box, blk)
+    upper = end_tile_c(guards, m.loop.var, box, blk)
     if upper is not None:
         end = f"min({end}, {upper})"
     # the tile range grows with the row tile (causal dQ): heaviest row tiles first, fewer idle SMs at the end

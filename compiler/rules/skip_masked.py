@@ -29,7 +29,7 @@ from dataclasses import replace
 
 from pydantic import Field
 
-from ..ir import Aff, Bin, Cond, Const, Expr, Ext, Fold, Program, Reduce, Select, walk
+from ..ir import Aff, Bin, Cond, Const, Expr, Ext, Fold, Or, Program, Reduce, Select, walk
 from . import register
 from .base import Facts, Rule, StepParams, const_extent, find_binder, replace_node
 
@@ -105,8 +105,13 @@ class SkipMasked(Rule):
         for g in guard_sets[1:]:
             common &= set(map(str, g))
         bounds = []
+        disjunctions = []
         for c in guard_sets[0]:
             if str(c) not in common:
+                continue
+            if isinstance(c, Or):  # its tiles are the union of its parts': a max, which no extent is
+                if all((p_.lhs - p_.rhs).coef(p.index) > 0 for p_ in c.parts):
+                    disjunctions.append(str(c))
                 continue
             diff = c.lhs - c.rhs
             t = diff.coef(p.index)
@@ -131,6 +136,11 @@ class SkipMasked(Rule):
             num = kmin.scale(-1) + (1 if c.op == "<=" else 0)
             if (num, t) not in node.ext.parts and (num, t) not in [(n, k) for _, n, k in bounds]:
                 bounds.append((c, num, t))
+        if not bounds and disjunctions:
+            raise self.fail(
+                f"the guard {disjunctions[0]} bounds {p.index} only through a disjunction: the tiles it reaches "
+                "are the union of its parts' ranges (a max of bounds), which MASK does not express (not implemented)"
+            )
         if not bounds:
             raise self.fail(
                 f"no guard of every contribution bounds {p.index} below its extent {node.ext}; nothing can be skipped"
