@@ -62,16 +62,17 @@ def test_backward_kernels_are_printed_on_mma_sync(built):
         assert "asm" not in src.split("derivc generated")[1].split("offT")[1], "inline PTX outside the wrapper layer"
 
 
-def _attention_backward(q, k, v, do, causal=True):
-    """float64 reference: O, and dQ, dK, dV of sum(O * dO)."""
+def _attention_backward(q, k, v, do, causal=True, mask=None):
+    """float64 reference: O, and dQ, dK, dV of sum(O * dO); mask "strict" (j < i): row 0 empty, 0."""
     q, k, v, do = (x.astype(np.float64) for x in (q, k, v, do))
     d = q.shape[-1]
     s = q @ np.swapaxes(k, -1, -2) / np.sqrt(d)
     n = s.shape[-1]
-    if causal:
-        s = np.where(np.tril(np.ones((n, n), bool)), s, -np.inf)
-    p = np.exp(s - s.max(-1, keepdims=True))
-    p /= p.sum(-1, keepdims=True)
+    keep = np.tril(np.ones((n, n), bool), -1 if mask == "strict" else 0) if causal or mask else np.ones((n, n), bool)
+    s = np.where(keep, s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    p = np.where(keep, np.exp(s - np.where(np.isfinite(m), m, 0)), 0)
+    p /= np.where(p.sum(-1, keepdims=True) > 0, p.sum(-1, keepdims=True), 1)
     o = p @ v
     dv = np.swapaxes(p, -1, -2) @ do
     dp = do @ np.swapaxes(v, -1, -2)
@@ -206,6 +207,102 @@ def test_refuses_a_value_depending_on_the_output_column(kernels):
     _refused(bad, "output column")
 
 
+# -- the d128 variants: windows, group loops ------------------------------------------------
+
+def _lowered(example: str) -> dict:
+    from codegen.kir.lower import lower
+    from compiler.derive_grad import derive_gradient
+    from compiler.spec import load_spec_file
+
+    path = ROOT / "examples" / example
+    g = derive_gradient(load_spec_file(path), str(path), seed=1, check=False)
+    return {k.grad_kernel: lower(k.final, k.grad_kernel) for k in g.kernels}
+
+
+@pytest.fixture(scope="module")
+def gqa_kernels():
+    return _lowered("attention_gqa_grad.yaml")
+
+
+def test_group_loop_sums_dk_dv_over_the_query_heads(gqa_kernels):
+    """GQA's dK / dV: a loop over g around the query-tile sum, one accumulator; dQ has none."""
+    from codegen.mappings.score_sum import render
+
+    for name, groups in (("dV", ("g",)), ("dK", ("g",)), ("dQ", ())):
+        printed = render(gqa_kernels[name])
+        assert printed.plan.groups == groups, name
+        src = printed.variants[0].source.source
+        assert ("for (long long bi_g = 0;" in src) == bool(groups), name
+        if groups:  # the column tiles are addressed at the step's g, the row tile once before the loop
+            loop_at = src.index("for (long long bi_g = 0;")
+            assert "bi_g * (long long)sz_N" in src[loop_at:] and "bi_g" not in src[:loop_at].split("gR0 =")[1].split(";")[0]
+
+
+def test_refuses_a_group_loop_that_is_not_a_plain_sum(gqa_kernels):
+    from compiler.ir import Bin, Const, Read
+
+    k = gqa_kernels["dV"]
+    outer = k.body[-1]
+    st = outer.state[0]
+    inner = outer.body[0].state[0].name
+    scaled = replace(st, update=Bin("+", Read(st.name, ()), Bin("*", Const(2.0), Read(inner, ()))))
+    _refused(replace(k, body=k.body[:-1] + (replace(outer, state=(scaled,)),)), "tensor-core tile sum")
+
+
+def test_refuses_a_row_tile_read_at_the_group_index(gqa_kernels):
+    """The row tile is staged once, before the group loops: reading it at g has no place."""
+    from compiler.ir import Aff, Read
+
+    k = gqa_kernels["dV"]
+    stage = k.body[0]
+    read = next(x for x in walk_reads(stage.value) if x.tensor == "K")
+    moved = replace(read, idx=read.idx[:1] + (Aff.of("g"),) + read.idx[2:])
+    bad = replace(k, body=(replace(stage, value=_swap(stage.value, read, moved)),) + k.body[1:])
+    _refused(bad, "nor a block index")
+
+
+def walk_reads(e):
+    from compiler.ir import Read, walk
+
+    return [x for x in walk(e) if isinstance(x, Read)]
+
+
+def test_sliding_window_narrows_both_ends_of_the_tile_range():
+    """j <= i && i - j < W: dQ's key tiles start where the window reaches (sz_W in it_begin) and end
+    at the diagonal; dV / dK's query tiles start at the diagonal and end where the window stops."""
+    from codegen.mappings.score_sum import render
+
+    ks = _lowered("attention_sliding_window_grad.yaml")
+    for name, bound in (("dQ", "it_begin"), ("dV", "it_end"), ("dK", "it_end")):
+        src = render(ks[name]).variants[0].source.source
+        line = next(x for x in src.splitlines() if f"const int {bound} =" in x)
+        assert "sz_W" in line, (name, line)
+
+
+def test_strict_causal_row_zero_has_zero_gradients(tmp_path):
+    """j < i: query 0 sees no key (LSE = -inf): the emulated backward gives exact zeros in its dQ
+    row and in O, no NaN anywhere, and matches float64 elsewhere."""
+    import derivc
+
+    out = tmp_path / "strict"
+    proc = _build(ROOT / "examples" / "attention_strict_causal_grad.yaml", out)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads((out / "grad" / "dQ" / "plan.json").read_text())["mapping"] == "score_sum_mma_sync"
+    t = derivc.load_training(out, device="emu")
+    rng = np.random.default_rng(5)
+    n = 70
+    q, k, v, do = (rng.standard_normal((1, 1, n, 128)).astype(np.float16) for _ in range(4))
+    o, saved = t.forward_with_saved(Q=q, K=k, V=v)
+    grads = t.backward(saved, do)
+    assert np.isneginf(saved["LSE"][0, 0, 0]) and np.all(o[0, 0, 0] == 0)
+    assert np.all(grads["Q"][0, 0, 0] == 0)
+    _, g_ref = _attention_backward(q, k, v, do, mask="strict")
+    for x in ("Q", "K", "V"):
+        assert np.all(np.isfinite(grads[x])), x
+        err = np.linalg.norm(grads[x].astype(np.float64) - g_ref[x]) / np.linalg.norm(g_ref[x])
+        assert err < 5e-3, (x, err)
+
+
 def _swap(e, old, new):
     from compiler.ir import map_children
 
@@ -280,6 +377,13 @@ MUTATIONS = (
              "ends.append(f\"({num} >= 0 ? {num} / {u} : -((-{num} + {u - 1}) / {u}))\")"),
     Mutation("bwd_accumulation_b_not_transposed", "flash_attention_grad_mma.yaml", T + "score_sum.cu.j2",
              "{{ mm.ldsm_b_kn('xb'", "{{ mm.ldsm_b_nk('xb'"),
+    Mutation("bwd_group_sum_drops_last_step", "attention_gqa_grad.yaml", "codegen/mappings/score_sum.py",
+             'ext=f"(long long)({ext_c(g.ext, {**blk, **group})})"', 'ext=f"((long long)({ext_c(g.ext, {**blk, **group})}) - 1)"'),
+    Mutation("bwd_group_step_resets_the_accumulator", "attention_gqa_grad.yaml", T + "score_sum.cu.j2",
+             "    __syncthreads();  // every warp is done with the column ring of the previous group step",
+             "    __syncthreads();  // every warp is done with the column ring of the previous group step\n{{ acc_init() }}"),
+    Mutation("bwd_value_drops_index_values", "attention_alibi_grad.yaml", "codegen/mappings/score_sum.py",
+             "return index_value_c(e.aff, names)", 'return "0.0f"'),
     Mutation("bwd_ring_wait_one_short", "flash_attention_grad_mma.yaml", T + "score_sum.cu.j2",
              "cp_async_wait<{{ stages - 2 }}>();", "cp_async_wait<{{ stages - 1 }}>();"),
 )

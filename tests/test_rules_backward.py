@@ -83,6 +83,36 @@ def test_recompute_on_a_fully_masked_row_gives_zero_probabilities():
     assert np.all(np.isneginf(out["LSE"][:, :, :2]))
 
 
+def test_recompute_lays_m_and_lse_out_in_the_given_order():
+    """order: [b, i, h]: M and LSE are [B, N, H] (the layout of a forward that writes LSE beside
+    O[b, i, h, d]), read at [b, i, h]; every gradient unchanged, and LSE is the default layout's
+    transposed."""
+    g = _gradient("j <= i")
+    plain = _apply(g, "recompute", **{"def": "P", "lse_name": "LSE"})
+    r = _apply(g, "recompute", **{"def": "P", "lse_name": "LSE", "order": ["b", "i", "h"]})
+    lse = r.def_named("LSE")
+    assert [lp.var for lp in lse.loops] == ["b", "i", "h"] and [str(a) for a in lse.store] == ["b", "i", "h"]
+    assert {tuple(map(str, x.idx)) for x in walk(r.def_named("P").body) if isinstance(x, Read) and x.tensor == "LSE"} \
+        == {("b", "i", "h")}
+    d = dict((n, v) for n, v in g.sizes)
+    sizes = {**{k: v for k, v in d.items() if v is not None}, "B": 2, "H": 3, "N": 7}
+    assert _max_error(g, r, sizes) <= 1e-12
+    rng = np.random.default_rng(1)
+    inputs = {n: rng.standard_normal(tuple(a.evaluate(sizes) for a in t.dims)) for n, t in r.inputs}
+    with np.errstate(all="ignore"):
+        a_, b_ = run_program(plain, sizes, inputs)["LSE"], run_program(r, sizes, inputs)["LSE"]
+    assert b_.shape == (2, 7, 3) and np.array_equal(np.transpose(a_, (0, 2, 1)), b_)
+
+
+def test_recompute_refuses_an_order_that_is_not_of_the_row_loops():
+    from compiler.errors import StepInputError
+
+    g = _gradient("j <= i")
+    for order in (["b", "i"], ["b", "i", "j"], ["b", "i", "h", "h"]):
+        with pytest.raises(StepInputError, match="parameter order"):
+            _apply(g, "recompute", **{"def": "P", "order": order})
+
+
 # --------------------------------------------------------------------------- preconditions
 
 

@@ -4,10 +4,12 @@ and dQ (FlashAttention-2's backward), read off the kernel IR and refused by name
 The meaning this printer implements (names are the kernel IR's own):
 
     stage R_t[r < BM, e < D] = [bound] ? R[.., BM*rt + r, .., e] : 0     (row tiles: 1 or more)
-    for it < EXT carrying (acc = 0):
-        stage C_t[r < BN, e < D] = [bound] ? C[.., BN*it + r, .., e] : 0  (column tiles, shared)
-        acc := acc + sum(c < BN @mma: [G] ? X_t[c, n] * A : 0)           (or A * X_t[c, n])
-    store Out[.., BM*rt + row, .., n] = acc   where [bound]
+    for g < G carrying (acc_g = 0):                                      (group loops: 0 or more)
+        for it < EXT carrying (acc = 0):
+            stage C_t[r < BN, e < D] = [bound] ? C[.., g, .., BN*it + r, .., e] : 0  (column tiles, shared)
+            acc := acc + sum(c < BN @mma: [G] ? X_t[c, n] * A : 0)       (or A * X_t[c, n])
+        acc_g := acc_g + acc
+    store Out[.., BM*rt + row, .., n] = acc_g   where [bound]
 
 where the lanes are (row @warp, n), X_t is a column tile (the accumulation's B operand, read at
 [c, n]: ldmatrix .trans) and A, the accumulation's A operand, is any element-wise expression of
@@ -19,6 +21,11 @@ where the lanes are (row @warp, n), X_t is a column tile (the accumulation's B o
   - reads of the kernel's inputs at indices of the row, the column, the tiles, the batch loops
     and the sizes (LSE[b, h, col], Dsum[b, h, row]), each guarded by its tensor's bounds;
   - constants, index values and guards ([G] and every Select: printed as C conditionals).
+
+A group loop sums the tile sum over an index that the column tiles and A may read like a batch
+index and the row tiles may not (GQA's dK / dV: the query heads g of a K / V head): its sum
+shares the one accumulator (acc_g + sum_it = sum over (g, it)), and each group step runs the tile
+range and the column ring anew.
 
 A transposed use (a score read at [c, row], or a row-lane read of the accumulation's B) has no
 register form here and is refused by name, as is any other statement.  The tile range is the
@@ -83,6 +90,7 @@ class ScoreSumPlan:
     warps: int
     stages: int
     out: Operand
+    groups: tuple[str, ...] = ()  # the group loops around the tile loop, outermost first
     mma: str = "mma_sync"  # every product's instruction (the field every plan carries)
 
 
@@ -96,6 +104,17 @@ class _Match:
     col: str               # the summed column index
     rtile: str             # the grid loop of the row tiles
     out_roles: tuple[str, ...]
+    groups: tuple[TileLoop, ...]  # the group loops, outermost first
+
+
+def _group_inner(loop: TileLoop) -> TileLoop | None:
+    """The tile loop that `loop` only sums (acc := acc + the inner loop's sum, both from 0), or None."""
+    if len(loop.state) != 1 or len(loop.body) != 1 or not isinstance(loop.body[0], TileLoop):
+        return None
+    inner, st = loop.body[0], loop.state[0]
+    if len(inner.state) != 1 or st.init != Const(0.0) or st.update != Bin("+", Read(st.name, ()), Read(inner.state[0].name, ())):
+        return None
+    return inner
 
 
 def _zero_guards(e: Expr) -> tuple[Cond, ...]:
@@ -145,6 +164,12 @@ def match(k: Kernel) -> _Match:
         raise refuse(NAME, "the kernel is not [stage row tiles; one tile loop] (a tile sum)")
     loop = k.body[-1]
     pre = k.body[:-1]
+    groups: list[TileLoop] = []
+    while (inner := _group_inner(loop)) is not None:
+        groups.append(loop)
+        loop = inner
+    group_vars = {g.var for g in groups}
+    total = groups[0].state[0].name if groups else loop.state[0].name
     if not pre or not all(isinstance(s, Stage) for s in pre):
         raise refuse(NAME, "the kernel is not [stage row tiles; one tile loop] (a tile sum)")
     if len(loop.state) != 1 or loop.state[0].init != Const(0.0):
@@ -164,8 +189,8 @@ def match(k: Kernel) -> _Match:
     row, n = k.lanes[0].var, k.lanes[1].var
     rl = k.lanes[0]
     warps = rl.mapping.count if rl.mapping and rl.mapping.level == "warp" and rl.mapping.count else 1
-    if k.store.value != Read(st.name, ()):
-        raise refuse(NAME, f"the stored value is not the sum {st.name}")
+    if k.store.value != Read(total, ()):
+        raise refuse(NAME, f"the stored value is not the sum {total}")
     grid_vars = {g.var for g in k.grid}
     sidx = k.store.index
     rows_at = [p for p, a in enumerate(sidx) if a.coef(row) != 0]
@@ -180,7 +205,7 @@ def match(k: Kernel) -> _Match:
     out = operand(k, k.output.name, "global", NAME)
     out = Operand(out.name, out.dims, out.dtype, out.level, out_roles)
     row_tiles = tuple(_tile(k, s, rtile, batch) for s in pre)
-    col_tiles = tuple(_tile(k, s, loop.var, batch) for s in loop.body)
+    col_tiles = tuple(_tile(k, s, loop.var, batch | group_vars) for s in loop.body)
     bn = acc_sum.ext.const_value()
     if any(t.rows != bm for t in row_tiles) or any(t.rows != bn for t in col_tiles):
         raise refuse(NAME, f"row tiles must have {bm} rows and column tiles {bn}")
@@ -193,18 +218,22 @@ def match(k: Kernel) -> _Match:
     acc_tile, value = _split_product(acc_sum.body, acc_sum.var, n, col_index)
     c = acc_sum.var
     scores = _scores(value, row, c, row_index, col_index, head, k)
-    _check_elementwise(value, k, {row, c, rtile, loop.var} | batch | set(dict(k.sizes)), n)
+    _check_elementwise(value, k, {row, c, rtile, loop.var} | batch | group_vars | set(dict(k.sizes)), n)
     for cc in k.store.guard:
         if bound_cond(cc, (rtile, bm), row) != out.dims[out_roles.index("seq")]:
             raise refuse(NAME, f"store condition {cc} is not the row tail bound")
     dtypes = {t.op.dtype for t in row_tiles + col_tiles}
     if len(dtypes) != 1 or not DTYPES[next(iter(dtypes))].mma_operand:
         raise refuse(NAME, f"the tiles must share one f16 / bf16 dtype, found {sorted(dtypes)}")
-    if not loop.ext.names() <= set(dict(k.sizes)) | {rtile} | batch:
-        raise refuse(NAME, f"the tile range {loop.var} < {loop.ext} depends on more than sizes and the block")
+    if not loop.ext.names() <= set(dict(k.sizes)) | {rtile} | batch | group_vars:
+        raise refuse(NAME, f"the tile range {loop.var} < {loop.ext} depends on more than sizes, the block and the group loops")
+    for pos, g in enumerate(groups):
+        if not g.ext.names() <= set(dict(k.sizes)) | {rtile} | batch | {x.var for x in groups[:pos]}:
+            raise refuse(NAME, f"the group loop {g.var} < {g.ext} depends on more than sizes, the block and outer group loops")
     stages = max(s.buf.stages for s in loop.body)
-    plan = ScoreSumPlan(k.name, dtypes.pop(), row_tiles, col_tiles, acc_tile, scores, bm, bn, head, warps, stages, out)
-    return _Match(plan, k, loop, value, row, c, rtile, out_roles)
+    plan = ScoreSumPlan(k.name, dtypes.pop(), row_tiles, col_tiles, acc_tile, scores, bm, bn, head, warps, stages, out,
+                        tuple(g.var for g in groups))
+    return _Match(plan, k, loop, value, row, c, rtile, out_roles, tuple(groups))
 
 
 def _scores(value: Expr, row: str, c: str, row_index: dict[str, int], col_index: dict[str, int],
@@ -291,7 +320,8 @@ def context(m: _Match) -> dict:
     if rows_w * p.warps != p.block_m or rows_w % 16 or p.block_n % 16 or p.head % 16:
         raise ValueError(f"rows per warp {p.block_m}/{p.warps}, column tile {p.block_n} and head dim {p.head} "
                          "must be multiples of 16")
-    names = {**sizes, **batch, m.rtile: "rt", m.loop.var: "it", m.row: "er_", m.col: "ec_"}
+    group = {g.var: loop_block_var(g.var) for g in m.groups}
+    names = {**sizes, **batch, **group, m.rtile: "rt", m.loop.var: "it", m.row: "er_", m.col: "ec_"}
     score_of = {s.sum: f"sc{i}[mi][nt][e]" for i, s in enumerate(p.scores)}
 
     def read(r: Read) -> str:
@@ -321,7 +351,7 @@ def context(m: _Match) -> dict:
         raise ValueError(f"{type(e).__name__} has no element-wise form")
 
     guards = tuple(c for c in _zero_guards(m.value) if m.loop.var in c.lhs.names() | c.rhs.names())
-    blk = {**sizes, **batch, m.rtile: "rt"}
+    blk = {**sizes, **batch, **group, m.rtile: "rt"}
     box = {m.row: ("0", str(p.block_m - 1)), m.col: ("0", str(p.block_n - 1))}
     begin = first_tile_c(guards, m.loop.var, box, blk)
     end = f"(long long)({ext_c(m.loop.ext, blk)})"
@@ -355,6 +385,7 @@ def context(m: _Match) -> dict:
         KD=p.head // 16, KT2=p.block_n // 16, DT=p.head // 8, stages=p.stages, swizzle=True,
         params=", ".join(params), _arg_names=tuple(arg_names),
         batch_decls=[f"const long long {v} = {bidx[g]};" for g, v in batch.items()],
+        groups=[dict(var=group[g.var], ext=f"(long long)({ext_c(g.ext, {**blk, **group})})") for g in m.groups],
         rtile_expr=rtile_expr,
         row_tiles=[dict(ptr=ptr[t.op.name], base=_base(t.op, fixed, "rt * %d" % p.block_m), register=t.level == "register",
                         lim=sizes[t.rows_size] + " - rt * %d" % p.block_m) for t in p.row_tiles],
@@ -367,7 +398,8 @@ def context(m: _Match) -> dict:
         out_ld=_stride(p.out, p.out.roles.index("seq"), fixed), out_lim=f"{sizes[out_seq]} - rt * {p.block_m}",
         smem_bytes=row_smem + col_smem, col_smem_off=row_smem, tile_bytes_r=tile_bytes_r, tile_bytes_c=tile_bytes_c,
         summary=(f"mma.sync tile sum {p.block_m}x{p.block_n} d{p.head}, warps {p.warps}, stages {p.stages}, "
-                 f"{len(p.scores)} score tile(s), row tiles {len(p.row_tiles)}, column tiles {len(p.col_tiles)}"),
+                 f"{len(p.scores)} score tile(s), row tiles {len(p.row_tiles)}, column tiles {len(p.col_tiles)}"
+                 + (f", summed over {', '.join(p.groups)}" if p.groups else "")),
     )
 
 

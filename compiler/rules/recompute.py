@@ -11,7 +11,8 @@ is at most 1 (LSE ≥ every live score), so large logits cannot overflow it.  Ex
 has a live element (exp(log L) = L for L > 0, and exp(s − M − log L) = exp(s − M) / L); a fully
 masked row gives P = 0 at every position on both sides, whatever LSE is (−inf here).
 Preconditions: those of SPLIT-SOFTMAX (one softmax at the top level of the definition, over
-untiled, unmapped loops).
+untiled, unmapped loops); `order`, when given, is an ordering of the row loops (M's and LSE's
+dimensions in that order: the layout of a forward that writes LSE beside its output).
 Theorem: softmax_recompute (lean/Derivc/Rules/Recompute.lean, proofs_ci/coq/Rules/Recompute.v).
 """
 from __future__ import annotations
@@ -28,6 +29,9 @@ class RecomputeParams(StepParams):
     def_: str = Field(alias="def")
     max_name: str | None = None
     lse_name: str | None = None
+    # the dimensions of M and LSE: the softmax's row loops in this order (default: the definition's);
+    # a forward that writes LSE in its output's layout ([B, N, H] beside O[B, N, H, D]) needs it
+    order: tuple[str, ...] | None = None
     new_names = ("max_name", "lse_name")
 
     @property
@@ -47,12 +51,18 @@ class Recompute(SplitSoftmax):
             taken = set(names_in_program(prog)) | {facts["max"]}
             facts["sum"] = fresh("LSE", taken)
         facts["lse"] = facts.pop("sum")
+        if p.order is not None:
+            if sorted(p.order) != sorted(facts["row_loops"]):
+                raise self.unknown(f"parameter order: {list(p.order)} is not an ordering of the softmax's row loops "
+                                   f"{facts['row_loops']}")
+            facts["row_loops"] = list(p.order)
         return facts
 
     def rewrite(self, prog: Program, p: RecomputeParams, facts: Facts) -> Program:  # type: ignore[override]
         d = prog.def_named(p.def_)
         node: Softmax = facts["site"]
-        loops = tuple(lp for lp in d.loops if lp.var in facts["row_loops"])
+        order = facts["row_loops"]
+        loops = tuple(sorted((lp for lp in d.loops if lp.var in order), key=lambda lp: order.index(lp.var)))
         idx = tuple(Aff.of(lp.var) for lp in loops)
         shape = TensorType(tuple(lp.ext.single()[0] for lp in loops), "f32")
         m_read, lse_read = Read(facts["max"], idx), Read(facts["lse"], idx)
