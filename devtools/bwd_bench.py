@@ -96,7 +96,10 @@ def attention(example: str, d: int, causal: bool, flex: str | None, n: int) -> N
             except Exception as exc:  # noqa: BLE001 - a backend that refuses the shape
                 anchors[name] = f"refused: {str(exc).splitlines()[0][:120]}"
     if flex is not None:
+        import torch._functorch.config as functorch_config
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        functorch_config.donated_buffer = False  # the timing loop runs the backward of one graph again
 
         if flex == "causal":
             mask = lambda bb, hh, i, j: j <= i  # noqa: E731
