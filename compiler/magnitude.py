@@ -126,7 +126,8 @@ def _reduce(env: _Env, menv: _Env, e: Reduce) -> Pair:
         if e.op == "max":
             if shape[-1] == 0:
                 return np.full(shape[:-1], -np.inf), np.full(shape[:-1], np.inf)
-            return np.where(live, v, -np.inf).max(axis=-1), np.where(live, m, 0.0).max(axis=-1)
+            # an element at -inf (a masked one) never is the max of a row that has another
+            return np.where(live, v, -np.inf).max(axis=-1), np.where(live & (v > -np.inf), m, 0.0).max(axis=-1)
     raise InterpError(f"unknown reduction {e.op}")
 
 
