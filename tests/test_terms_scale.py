@@ -144,7 +144,9 @@ def _perturbation_ratios(prog, sizes, inputs) -> dict[str, tuple[float, float]]:
     out = {}
     for d in prog.defs:
         finite = np.isfinite(base[d.name])
-        ref, m, delta = base[d.name][finite], mags[d.name][finite], np.abs(moved[d.name] - base[d.name])[finite]
+        with np.errstate(all="ignore"):  # -inf - -inf off the finite elements
+            delta = np.abs(moved[d.name] - base[d.name])[finite]
+        ref, m = base[d.name][finite], mags[d.name][finite]
         assert np.all(m >= np.abs(ref) * (1 - 1e-12)), d.name
         out[d.name] = (float((delta / np.maximum(EPS * m, 1e-300)).max(initial=0.0)), _norm(delta) / (EPS * _norm(m)))
     return out
