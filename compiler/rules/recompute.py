@@ -54,7 +54,7 @@ class Recompute(SplitSoftmax):
         node: Softmax = facts["site"]
         loops = tuple(lp for lp in d.loops if lp.var in facts["row_loops"])
         idx = tuple(Aff.of(lp.var) for lp in loops)
-        shape = TensorType(tuple(lp.ext.single()[0] for lp in loops), "f32")
+        shape = TensorType(tuple(lp.ext.single()[0] for lp in loops), prog.intermediate_dtype())
         m_read, lse_read = Read(facts["max"], idx), Read(facts["lse"], idx)
         zero, ninf = Const(0.0), Const(float("-inf"))
 

@@ -53,6 +53,7 @@ inline float __expf(float x) { return ::expf(x); }
 inline float __logf(float x) { return ::logf(x); }
 inline float __fdividef(float a, float b) { return a / b; }
 inline float rsqrtf(float x) { return 1.0f / ::sqrtf(x); }
+inline double rsqrt(double x) { return 1.0 / ::sqrt(x); }
 inline float __saturatef(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); }
 template <class T> inline T __ldg(const T* p) { return *p; }
 template <class A, class B> inline auto min(A a, B b) -> decltype(a + b) { return b < a ? b : a; }
