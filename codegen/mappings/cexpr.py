@@ -104,8 +104,9 @@ def float_const_c(v: float, real: str = "float") -> str:
     """A constant as a C `real` (float: the f suffix; infinities by their bits)."""
     assert real in REALS, real
     if v in (float("inf"), float("-inf")):
-        bits = "__int_as_float(0x7f800000)" if v > 0 else "__int_as_float(0xff800000)"
-        return bits if real == "float" else f"((double){bits})"
+        if real == "float":
+            return "__int_as_float(0x7f800000)" if v > 0 else "__int_as_float(0xff800000)"
+        return "__longlong_as_double(0x7ff0000000000000LL)" if v > 0 else "__longlong_as_double(-4503599627370496LL)"
     if v != v:
         raise ValueError("a NaN constant has no C form here")
     return repr(float(v)) + ("f" if real == "float" else "")
