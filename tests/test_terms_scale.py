@@ -29,7 +29,7 @@ SIZES = {"more_queries": {"NQ": 37, "NK": 29}, "more_keys": {"NQ": 29, "NK": 37}
 
 def _spec(NQ: int, NK: int) -> SpecFile:  # noqa: N803 - the spec's size names
     text = EXAMPLE.read_text()
-    old = "check_sizes: {B: 1, H: 2, NQ: 37, NK: 29}"
+    old = "check_sizes: {B: 1, H: 1, NQ: 150, NK: 140}"
     assert old in text
     return parse_spec_text(text.replace(old, f"check_sizes: {{B: 1, H: 2, NQ: {NQ}, NK: {NK}}}"), str(EXAMPLE))
 
