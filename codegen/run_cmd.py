@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-TOLERANCE = {"f32": 1e-5, "f16": 2e-3, "bf16": 1e-2}
+TOLERANCE = {"f64": 1e-10, "f32": 1e-5, "f16": 2e-3, "bf16": 1e-2}
 _TORCH = {"f16": "float16", "bf16": "bfloat16", "f32": "float32"}
 
 

@@ -25,12 +25,15 @@ from .errors import DerivationError, SpecError
 from .interp import rel_error, run_program
 from .ir import Program
 from .lower_spec import lower_spec
+from .magnitude import magnitudes, terms_error
 from .printer import show_def, show_expr, show_program
 from .rules import RULES
 from .rules.base import Rule, StepParams
 from .spec import ScheduleStep, SpecFile
 
 TOLERANCE = 1e-12
+OUTPUT_SCALE = "output"  # a step's error relative to the norm of the reference output
+TERMS_SCALE = "terms"  # ... to the norm of the magnitudes of its terms (a gradient program's steps)
 
 
 @dataclass
@@ -163,16 +166,20 @@ def apply_step(
 # --------------------------------------------------------------------------- numeric check
 
 
-def numeric_check(rule: str, ir0: Program, new: Program, plan: DrawPlan, seed: int) -> list[dict[str, Any]]:
+def numeric_check(rule: str, ir0: Program, new: Program, plan: DrawPlan, seed: int,
+                  error_scale: str = OUTPUT_SCALE) -> list[dict[str, Any]]:
     """One record per draw of the plan at the step's seed: new's output vs IR₀'s on the draw's
     inputs; raises on failure.
 
     A failure is a relative error above the tolerance, or a NaN / ±inf of the new program
-    where the spec's value is finite (the spec must be finite on every draw)."""
-    return [_check_draw(rule, ir0, new, plan, draw) for draw in plan.draws(seed)]
+    where the spec's value is finite (the spec must be finite on every draw).  The error is
+    relative to the output's norm (OUTPUT_SCALE), or with TERMS_SCALE to the norm of the
+    magnitudes of the terms the output is computed from (compiler/magnitude.py): a gradient is a
+    sum that cancels, its rounding is measured against what was summed."""
+    return [_check_draw(rule, ir0, new, plan, draw, error_scale) for draw in plan.draws(seed)]
 
 
-def _check_draw(rule: str, ir0: Program, new: Program, plan: DrawPlan, draw: Draw) -> dict[str, Any]:
+def _check_draw(rule: str, ir0: Program, new: Program, plan: DrawPlan, draw: Draw, error_scale: str) -> dict[str, Any]:
     shown = ", ".join(f"{n}={v}" for n, v in draw.sizes.items())
     try:
         draw, tensors, score = reference(ir0, draw, plan.degree)
@@ -197,10 +204,11 @@ def _check_draw(rule: str, ir0: Program, new: Program, plan: DrawPlan, draw: Dra
             rule, f"numeric check failed: the rewritten program fails at sizes {shown} ({what} draw, seed {seed}): "
             f"{_exc_text(exc)}"
         ) from None
+    mags = magnitudes(ir0, draw.sizes, inputs) if error_scale == TERMS_SCALE else {}
     err = 0.0
     for name in outputs:
         out, ref = got.get(name, np.full((), np.nan)), tensors[name]
-        e = output_error(out, ref)
+        e = terms_error(out, ref, mags[name]) if mags else output_error(out, ref)
         if not e <= TOLERANCE:
             bad = int(np.sum(~np.isfinite(out))) if out.shape == ref.shape else 0
             why = (f"{bad} NaN / inf values where the spec is finite" if bad
@@ -290,9 +298,10 @@ def derive_program(
     seed: int | None = None,
     check: bool = True,
     upto: int | None = None,
+    error_scale: str = OUTPUT_SCALE,
 ) -> Derivation:
     """Apply `schedule` to the program `ir0` (the spec's, or a kernel of its gradient), checking
-    every step against ir0."""
+    every step against ir0 (the error relative to `error_scale`: see numeric_check)."""
     n = len(schedule) if upto is None else max(0, min(upto, len(schedule)))
     base = seed if seed is not None else secrets.randbits(31)
     # The check sizes depend on the programs the steps apply to: apply them first, and reuse
@@ -321,7 +330,7 @@ def derive_program(
             step_seed = base + k
             try:
                 plan = plan or _plan(rule.name, ir0, sizes, base, tiled_sizes(before, step_params))
-                draws = numeric_check(rule.name, ir0, new, plan, step_seed)
+                draws = numeric_check(rule.name, ir0, new, plan, step_seed, error_scale)
             except DerivationError as exc:
                 raise exc.at(k, file) from None
             numeric = {
@@ -329,6 +338,7 @@ def derive_program(
                 "seed": step_seed,
                 "rel_error": max((d["rel_error"] for d in draws), default=0.0),
                 "tolerance": TOLERANCE,
+                "error_scale": error_scale,
                 "passed": True,
                 "draws": draws,
             }

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
 from .checksizes import choose_check_sizes
-from .derive import Derivation, derive_program, json_safe
+from .derive import TERMS_SCALE, Derivation, derive_program, json_safe
 from .draws import plan_draws
 from .errors import DerivationError, SpecError, did_you_mean
 from .grad import RULE, Gradient, differentiate, needed_defs
@@ -115,14 +115,16 @@ def derive_gradient(spec: SpecFile, file: str = "", *, seed: int | None = None, 
                              "tolerance": TOLERANCE, "passed": True, "draws": draws,
                              "rel_error": max(max(r["rel_error"].values()) for r in draws)}
     with _part("grad.schedule"):
-        shared = derive_program(spec, gradient.program, decl.schedule, file, seed=base + 1000, check=check)
+        shared = derive_program(spec, gradient.program, decl.schedule, file, seed=base + 1000, check=check,
+                                error_scale=TERMS_SCALE)
     if check:
         record["saved"] = check_saved(ir0, shared.final, gradient.seed, plan, base, file)
     kernels: list[Derivation] = []
     available = forward_outputs(spec)
     for k, (kd, prog) in enumerate(kernel_cuts(shared.final, gradient, decl, available, file)):
         with _part(f"grad.kernels[{k}]"):
-            kern = derive_program(spec, prog, kd.schedule, file, seed=base + 2000 + 1000 * k, check=check)
+            kern = derive_program(spec, prog, kd.schedule, file, seed=base + 2000 + 1000 * k, check=check,
+                                  error_scale=TERMS_SCALE)
         kern.grad_kernel = kd.output  # type: ignore[attr-defined]
         kern.grad_trace = {"kernel": kd.output, "grad": json_safe(record),  # type: ignore[attr-defined]
                            "schedule_steps": [s.to_json() for s in shared.steps],

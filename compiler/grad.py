@@ -318,7 +318,8 @@ def differentiate(prog: Program, of: str, wrt: Sequence[str], seed: str,
             adj_name = seed
         elif d.name in contribs:
             adj_name = diff.fresh("d" + d.name)
-            adjoint_defs.append(diff.accumulate(adj_name, TensorType(d.type.dims, "f32"), contribs.pop(d.name)))
+            adjoint_defs.append(diff.accumulate(adj_name, TensorType(d.type.dims, prog.intermediate_dtype()),
+                                                contribs.pop(d.name)))
         else:
             continue  # the output does not depend on d
         adj = Read(adj_name, tuple(Aff.of(lp.var) for lp in d.loops))

@@ -393,17 +393,25 @@ def _bind(env: _Env, b: Binding) -> _Buffer:
 
 
 def _softmax(env: _Env, e: Softmax) -> np.ndarray:
-    at = env.aff(e.at)
-    n = env.ext(e.ext)
-    top = _top(n)
+    top = _top(env.ext(e.ext))
     env.push(e.var, top)
     try:
         score = evaluate(env, e.score)
-        keep = env.cond(e.mask) & (env.index(e.var) < _lift(n, env.depth))
+        keep = softmax_keep(env, e)
     finally:
         env.pop()
-    # The distribution over var is computed once per point of the indices the score uses,
-    # then read at `at` (which may vary over further indices).
+    return pick_at(env, e, softmax_rows(env, score, keep, top), top)
+
+
+def softmax_keep(env: _Env, e: Softmax) -> np.ndarray:
+    """Where the softmax's row is live (its mask, its extent), with e.var pushed."""
+    n = env.ext(e.ext)
+    return env.cond(e.mask) & (env.index(e.var) < _lift(n, env.depth))
+
+
+def softmax_rows(env: _Env, score: np.ndarray, keep: np.ndarray, top: int) -> np.ndarray:
+    """The distribution over the softmax's index (the last axis; 0 off `keep`, a row without a
+    live element all 0), computed once per point of the indices the score uses."""
     shape = np.broadcast_shapes(score.shape, keep.shape, (1,) * env.depth + (top,))
     keep = np.broadcast_to(keep, shape)
     score = np.where(keep, np.broadcast_to(score, shape), -np.inf)
@@ -412,7 +420,12 @@ def _softmax(env: _Env, e: Softmax) -> np.ndarray:
         w = np.exp(score - np.where(np.isfinite(m), m, 0.0))
         w = np.where(keep, w, 0.0)
         total = w.sum(axis=-1, keepdims=True)
-        p = np.where(total > 0, w / np.where(total > 0, total, 1.0), 0.0)
+        return np.where(total > 0, w / np.where(total > 0, total, 1.0), 0.0)
+
+
+def pick_at(env: _Env, e: Softmax, p: np.ndarray, top: int) -> np.ndarray:
+    """A row array over the softmax's index (last axis) read at e.at (NaN outside the row)."""
+    at = env.aff(e.at)
     d = env.depth
     valid = (at >= 0) & (at < top)
     if top == 0:
@@ -527,12 +540,22 @@ def shape_of(p: Program, name: str, sizes: Mapping[str, int]) -> tuple[int, ...]
 def run_def(
     d: Def, sizes: Mapping[str, int], tensors: dict[str, np.ndarray], *, contract: bool = True
 ) -> np.ndarray:
+    env = def_env(d, sizes, tensors, contract)
+    return store_def(d, env, evaluate(env, d.body))
+
+
+def def_env(d: Def, sizes: Mapping[str, int], tensors: dict[str, np.ndarray], contract: bool = True) -> _Env:
+    """The environment a def's body is evaluated in: its loops pushed (a loop whose extent
+    varies with outer indices runs to the largest, masked by `store_def`)."""
     env = _Env(sizes, tensors, contract)
-    shape = tuple(a.evaluate(sizes) for a in d.type.dims)
     for lp in d.loops:
         env.push(lp.var, _top(env.ext(lp.ext)))
-        # a loop whose extent varies with outer indices is masked below
-    values = evaluate(env, d.body)
+    return env
+
+
+def store_def(d: Def, env: _Env, values: np.ndarray) -> np.ndarray:
+    """The def's tensor from its body's values over its loops (each element written once)."""
+    shape = tuple(a.evaluate(env.sizes) for a in d.type.dims)
     live = env.cond(d.guard)
     for k, lp in enumerate(d.loops):
         live = live & _loop_extent_mask(env, lp, k)

@@ -446,6 +446,12 @@ class Program:
         d = self.writer_of(name)
         return d.type if d.name == name else next(a.type for a in d.also if a.name == name)
 
+    def intermediate_dtype(self) -> str:
+        """The dtype of a tensor a rule or GRAD introduces: f64 in a program with an f64 tensor
+        (it computes in double end to end), else f32."""
+        dtypes = {t.dtype for _, t in self.inputs} | {d.type.dtype for d in self.defs}
+        return "f64" if "f64" in dtypes else "f32"
+
     def also_outputs(self) -> tuple[str, ...]:
         """The outputs beside `output` (a spec's `output.also`, a gradient program's other
         gradients): every numeric check compares each of them too."""

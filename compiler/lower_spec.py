@@ -32,6 +32,9 @@ class _Lowering:
     def __init__(self, spec: SpecFile):
         self.spec = spec
         self.types: dict[str, TensorType] = {}
+        # a statement that is not an output is stored as f32, or f64 in a spec with an f64 tensor
+        dtypes = {d.dtype for d in spec.inputs.values()} | {spec.output.dtype_of(t) for t in spec.output.tensors()}
+        self.intermediate = "f64" if "f64" in dtypes else "f32"
         _check_name("name", spec.name)
         for field, names in (("sizes", spec.sizes), ("inputs", spec.inputs), ("params", spec.params)):
             for name in names:
@@ -68,7 +71,7 @@ class _Lowering:
             raise SpecError(where, f"index {missing[0]} of {st.tensor} is not used to index any tensor, so its extent is unknown")
         body = self.expr(st.body, st, extents, where, bound=set(st.idx))
         dims = tuple(Aff.of(extents[v]) for v in st.idx)
-        dtype = self.spec.output.dtype_of(st.tensor) or "f32"
+        dtype = self.spec.output.dtype_of(st.tensor) or self.intermediate
         self.types[st.tensor] = TensorType(dims, dtype)
         return Def(
             name=st.tensor,

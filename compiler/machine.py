@@ -22,6 +22,9 @@ DTYPES: dict[str, DType] = {
     "f16": DType("f16", 2, "f16_t", "float16", "float16", True),
     "bf16": DType("bf16", 2, "bf16_t", "bfloat16", None, True),
     "f32": DType("f32", 4, "f32_t", "float32", "float32", False),
+    # computed in double by the SIMT mapping only (float64 gradcheck on small builds); every other
+    # mapping refuses a kernel with an f64 tensor by name
+    "f64": DType("f64", 8, "f64_t", "float64", "float64", False),
 }
 
 

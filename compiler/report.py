@@ -68,7 +68,8 @@ def step_markdown(s: StepRecord, proof: dict[str, Any] | None = None) -> str:
         verdict = "passed" if n.get("passed") else "FAILED"
         draws = "; ".join(format_draw(x, n["sizes"]) for x in n.get("draws", ()))
         lines.append(
-            f"- numeric check: {verdict} at {format_sizes(n['sizes'])} (tolerance {n['tolerance']:g}): "
+            f"- numeric check: {verdict} at {format_sizes(n['sizes'])} (tolerance {n['tolerance']:g}"
+            + (", relative to the magnitude of the terms" if n.get("error_scale") == "terms" else "") + "): "
             + (draws or f"seed {n['seed']}, relative error {n['rel_error']:.3g}")
         )
     else:

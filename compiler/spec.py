@@ -26,7 +26,7 @@ from .errors import SpecError, did_you_mean
 MAX_YAML_DEPTH = 32  # nesting of mappings / lists in a schedule file
 MAX_SIZE = 2**31 - 1  # sizes index with 32-bit arithmetic in the kernels
 
-Dtype = Literal["f16", "bf16", "f32"]
+Dtype = Literal["f16", "bf16", "f32", "f64"]
 
 
 class TensorDecl(BaseModel):

@@ -77,7 +77,7 @@ def test_unknown_size_in_shape():
 
 
 def test_bad_dtype():
-    bad = GOOD_GEMM.replace("shape: [M, K], dtype: f16", "shape: [M, K], dtype: f64")
+    bad = GOOD_GEMM.replace("shape: [M, K], dtype: f16", "shape: [M, K], dtype: f8")
     assert_fails(bad, 2, "inputs.A.dtype")
 
 

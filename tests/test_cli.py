@@ -410,8 +410,8 @@ def comment_problems(text: str) -> list[str]:
             if warps != [int(m[1]), int(m[2])]:
                 out.append(f"{comment!r}: warp counts are {warps}")
     desc = doc.get("description", "")
-    dtype = {"f16": "fp16", "bf16": "bf16", "f32": "fp32"}[next(iter(doc["inputs"].values()))["dtype"]]
-    for m in re.finditer(r"\b(fp16|bf16|fp32)\b(?! accumulat)", desc):
+    dtype = {"f16": "fp16", "bf16": "bf16", "f32": "fp32", "f64": "fp64"}[next(iter(doc["inputs"].values()))["dtype"]]
+    for m in re.finditer(r"\b(fp16|bf16|fp32|fp64)\b(?! accumulat)", desc):
         if m[1] != dtype:
             out.append(f"description says {m[1]}, the inputs are {dtype}")
     all_stages = {st.get("stages", 1) for st in steps if st["rule"] == "cache" and st.get("at")}

@@ -64,6 +64,8 @@ float __int_as_float(int);
 float __uint_as_float(unsigned);
 unsigned __float_as_uint(float);
 int __float_as_int(float);
+double __longlong_as_double(long long);
+double rsqrt(double);
 float __expf(float);
 float __fdividef(float, float);
 float rsqrtf(float);

@@ -115,7 +115,7 @@ BAD_MANIFESTS = {
     "seed clash": (lambda m: m.update(seed="X"), "seed: X is already a tensor"),
     "unknown field": (lambda m: m.update(extra=1), "the manifest: unknown field 'extra'"),
     "missing field": (lambda m: m.pop("saved"), "the manifest: missing field 'saved'"),
-    "bad dtype": (lambda m: _kernel(m, "D").update(dtype="f64"), "kernel D.dtype: 'f64' is not a dtype"),
+    "bad dtype": (lambda m: _kernel(m, "D").update(dtype="f8"), "kernel D.dtype: 'f8' is not a dtype"),
     "gradient dtype": (lambda m: _kernel(m, "dX").update(dtype="f16"),
                        r"kernel dX: dX is f16 \[R, C\] but X is f32 \[R, C\]"),
     "duplicate input": (lambda m: _kernel(m, "D")["inputs"].append("Y"), "kernel D.inputs: Y is listed twice"),

@@ -40,9 +40,13 @@ def print_kernel(k: Kernel, options: tuple[str, ...]) -> Printed:
     _load()
     instr = instruction(k)
     reasons = []
+    f64 = [t.name for t in k.tensors if t.dtype == "f64"]
     # the catch-all family prints anything, so it is tried last
     for m in sorted(REGISTRY.values(), key=lambda m: m.family == "any"):
         if m.instr != instr:
+            continue
+        if f64 and m.family != "any":  # only SIMT computes in double
+            reasons.append(f"{m.name}: f64 tensors ({', '.join(f64)}) are printed by the SIMT mapping only")
             continue
         if k.also and not m.prints_also:
             reasons.append(f"{m.name}: does not print the kernel's further outputs "

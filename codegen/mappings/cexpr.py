@@ -37,22 +37,25 @@ def conds_c(conds: tuple[Cond | Or, ...], names: Mapping[str, str]) -> str:
 # float functions of the CUDA math library for the language's unary functions (fp32 math; logf,
 # not the approximate __logf: log feeds gradients and log-sum-exp, whose error it would carry)
 UNARY_C = {"exp": "expf", "log": "logf", "sqrt": "sqrtf", "rsqrt": "rsqrtf", "tanh": "tanhf", "erf": "erff"}
-assert set(UNARY_C) | {"neg"} == set(UNARY_FUNCTIONS)
+# ... and their double forms (the SIMT mapping computes a kernel with an f64 tensor in double)
+UNARY_C_DOUBLE = {"exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt", "tanh": "tanh", "erf": "erf"}
+assert set(UNARY_C) | {"neg"} == set(UNARY_FUNCTIONS) == set(UNARY_C_DOUBLE) | {"neg"}
+REALS = ("float", "double")  # the C types a kernel computes in
 
 
-def unary_c(op: str, arg: str) -> str:
-    """C text of a unary function applied to the C expression `arg` (a float)."""
+def unary_c(op: str, arg: str, real: str = "float") -> str:
+    """C text of a unary function applied to the C expression `arg` (a `real`)."""
     if op == "neg":
         return f"(-{arg})"
-    fn = UNARY_C.get(op)
+    fn = (UNARY_C_DOUBLE if real == "double" else UNARY_C).get(op)
     if fn is None:
         raise KeyError(f"function {op} has no C form")
     return f"{fn}({arg})"
 
 
-def index_value_c(a: Aff, names: Mapping[str, str]) -> str:
-    """An affine index expression as a float value (64-bit integer math, then converted)."""
-    return f"((float)(long long){aff_c(a, names)})"
+def index_value_c(a: Aff, names: Mapping[str, str], real: str = "float") -> str:
+    """An affine index expression as a `real` value (64-bit integer math, then converted)."""
+    return f"(({real})(long long){aff_c(a, names)})"
 
 
 def ext_c(x: Ext, names: Mapping[str, str]) -> str:
@@ -99,20 +102,23 @@ def box_extremes(c: Cond | Or, box: Mapping[str, tuple[str, str]], names: Mappin
 _BINARY_C = {"+": "+", "-": "-", "*": "*", "/": "/"}
 
 
-def gt_c(a: str, b: str) -> str:
-    """C text of the step gt(a, b) on float expressions: 1 where a > b, else 0 (a NaN operand
+def gt_c(a: str, b: str, real: str = "float") -> str:
+    """C text of the step gt(a, b) on `real` expressions: 1 where a > b, else 0 (a NaN operand
     compares false, as in the interpreter)."""
-    return f"(({a}) > ({b}) ? 1.0f : 0.0f)"
+    one, zero = (float_const_c(1.0, real), float_const_c(0.0, real))
+    return f"(({a}) > ({b}) ? {one} : {zero})"
 
 
-def float_const_c(v: float) -> str:
-    if v == float("inf"):
-        return "__int_as_float(0x7f800000)"
-    if v == float("-inf"):
-        return "__int_as_float(0xff800000)"
+def float_const_c(v: float, real: str = "float") -> str:
+    """A constant as a C `real` (float: the f suffix; infinities by their bits)."""
+    assert real in REALS, real
+    if v in (float("inf"), float("-inf")):
+        if real == "float":
+            return "__int_as_float(0x7f800000)" if v > 0 else "__int_as_float(0xff800000)"
+        return "__longlong_as_double(0x7ff0000000000000LL)" if v > 0 else "__longlong_as_double(-4503599627370496LL)"
     if v != v:
         raise ValueError("a NaN constant has no C form here")
-    return repr(float(v)) + "f"
+    return repr(float(v)) + ("f" if real == "float" else "")
 
 
 def value_c(e: Expr, read: Callable[[Read], str], index_value: Callable[[Aff], str]) -> str:

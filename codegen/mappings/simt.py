@@ -1,4 +1,5 @@
-"""SIMT mapping: prints ANY kernel IR as plain CUDA (fp32 arithmetic, 64-bit index math).
+"""SIMT mapping: prints ANY kernel IR as plain CUDA (fp32 arithmetic, 64-bit index math; fp64
+arithmetic when a tensor of the kernel is f64 — the one mapping that prints f64).
 
 The printer that makes the lowering total in practice: every statement, expression, condition
 and index map of the kernel IR is printed as written.  Each thread owns lane points
@@ -65,6 +66,8 @@ class _Printer:
         self.states: set[str] = set()
         self.strides = {t.name: _tensor_strides(t.dims, self.names) for t in k.tensors}
         self.dtypes = {t.name: t.dtype for t in k.tensors}
+        self.real = "double" if "f64" in self.dtypes.values() else "float"  # the C type of every value
+        self.compute_dtype = "f64" if self.real == "double" else "f32"  # ... as the dtype of a computed buffer
         self.smem = 0
         self.offsets: dict[str, int] = {}
 
@@ -83,7 +86,7 @@ class _Printer:
                                          "per thread) does not fit in per-thread memory")
             self.local[b.name] = b
         else:
-            dt = DTYPES[self.dtypes[b.source]] if isinstance(s, Stage) else DTYPES["f32"]
+            dt = DTYPES[self.dtypes[b.source]] if isinstance(s, Stage) else DTYPES[self.compute_dtype]
             self.offsets[b.name] = self.smem
             self.smem = -(-(self.smem + size * dt.bytes) // 16) * 16
             self.shared[b.name] = b
@@ -96,9 +99,21 @@ class _Printer:
             stride *= n
         return " + ".join(reversed(terms)) if terms else "0"
 
+    def load(self, dtype: str, stored: str) -> str:
+        """A stored element of `dtype` as a value of the kernel's real type."""
+        if self.real == "float" or dtype == "f64":
+            return f"{dtype}_to_{self.compute_dtype}({stored})"
+        return f"((double){dtype}_to_f32({stored}))"
+
+    def store(self, dtype: str, value: str) -> str:
+        """A value of the kernel's real type as a stored element of `dtype`."""
+        if self.real == "float" or dtype == "f64":
+            return f"{self.compute_dtype}_to_{dtype}({value})"
+        return f"f32_to_{dtype}((float)({value}))"
+
     def ex(self, e: Expr, names: dict[str, str]) -> str:
         if isinstance(e, Const):
-            return float_const_c(e.value)
+            return float_const_c(e.value, self.real)
         if isinstance(e, Read):
             if e.tensor in self.states:
                 return f"st_{e.tensor}[q]"
@@ -106,35 +121,37 @@ class _Printer:
                 return f"lb_{e.tensor}[q][{self.flat(self.local[e.tensor], e.idx, names)}]"
             if e.tensor in self.shared:
                 b = self.shared[e.tensor]
-                conv = DTYPES[self.dtypes[b.source]].name if b.source else "f32"
-                return f"{conv}_to_f32(sb_{e.tensor}[{self.flat(b, e.idx, names)}])"
+                conv = DTYPES[self.dtypes[b.source]].name if b.source else self.compute_dtype
+                return self.load(conv, f"sb_{e.tensor}[{self.flat(b, e.idx, names)}]")
             if e.tensor in self.strides:
                 off = " + ".join(f"(long long){aff_c(a, names)} * {s}" for a, s in zip(e.idx, self.strides[e.tensor]))
-                return f"{self.dtypes[e.tensor]}_to_f32(p_{e.tensor}[{off or '0'}])"
+                return self.load(self.dtypes[e.tensor], f"p_{e.tensor}[{off or '0'}]")
             raise UnsupportedMapping(f"SIMT: read of unknown buffer {e.tensor}")
         if isinstance(e, Bin):
             a, b = self.ex(e.a, names), self.ex(e.b, names)
             if e.op in "+-*":
                 return f"({a} {e.op} {b})"
-            return {"/": f"div0({a}, {b})", "max": f"fmaxf({a}, {b})", "rescale": f"rescale({a}, {b})",
-                    "gt": gt_c(a, b)}[e.op]
+            fmax = "fmaxf" if self.real == "float" else "fmax"
+            return {"/": f"div0({a}, {b})", "max": f"{fmax}({a}, {b})", "rescale": f"rescale({a}, {b})",
+                    "gt": gt_c(a, b, self.real)}[e.op]
         if isinstance(e, Un):
             try:
-                return unary_c(e.op, self.ex(e.a, names))
+                return unary_c(e.op, self.ex(e.a, names), self.real)
             except KeyError as exc:
                 raise UnsupportedMapping(f"SIMT: {exc.args[0]}") from None
         if isinstance(e, IndexValue):
-            return index_value_c(e.aff, names)
+            return index_value_c(e.aff, names, self.real)
         if isinstance(e, Select):
             return f"({conds_c(e.conds, names)} ? {self.ex(e.then, names)} : {self.ex(e.other, names)})"
         if isinstance(e, Reduce):
             inner = dict(names)
             inner[e.var] = f"v_{e.var}"
-            init = "0.0f" if e.op == "sum" else "neg_inf()"
-            step = "r_ + v_" if e.op == "sum" else "fmaxf(r_, v_)"
-            return (f"([&]() -> float {{ float r_ = {init}; "
+            real = self.real
+            init = float_const_c(0.0 if e.op == "sum" else float("-inf"), real)
+            step = "r_ + v_" if e.op == "sum" else ("fmaxf(r_, v_)" if real == "float" else "fmax(r_, v_)")
+            return (f"([&]() -> {real} {{ {real} r_ = {init}; "
                     f"for (long long v_{e.var} = 0; v_{e.var} < {ext_c(e.ext, names)}; ++v_{e.var}) "
-                    f"{{ const float v_ = {self.ex(e.body, inner)}; r_ = {step}; }} return r_; }}())")
+                    f"{{ const {real} v_ = {self.ex(e.body, inner)}; r_ = {step}; }} return r_; }}())")
         raise UnsupportedMapping(f"SIMT: no printer for {type(e).__name__}")
 
     # -- statements
@@ -159,11 +176,11 @@ class _Printer:
         value = self.ex(s.value, names)
         if b.name in self.local:
             if self.k.store.guard:  # a lane point past a tail stores nothing: it must read nothing either
-                value = f"(({conds_c(self.k.store.guard, names)}) ? {value} : 0.0f)"
+                value = f"(({conds_c(self.k.store.guard, names)}) ? {value} : {float_const_c(0.0, self.real)})"
             body = [f"for (long long e_ = 0; e_ < {stride}; ++e_) {{"] + ["    " + c for c in reversed(coords)]
             body += [f"    lb_{b.name}[q][e_] = {value};", "}"]
             return self.lane_loop(body)
-        store = f"f32_to_{DTYPES[self.dtypes[b.source]].name}({value})" if b.source else value
+        store = self.store(DTYPES[self.dtypes[b.source]].name, value) if b.source else value
         return (["__syncthreads();", f"for (long long e_ = threadIdx.x; e_ < {stride}; e_ += {self.threads}) {{"]
                 + ["    " + c for c in reversed(coords)] + [f"    sb_{b.name}[e_] = {store};", "}", "__syncthreads();"])
 
@@ -180,13 +197,13 @@ class _Printer:
     def loop(self, s: TileLoop) -> list[str]:
         if s.ext.names() & self.lane_vars:
             raise UnsupportedMapping(f"SIMT: the extent of tile loop {s.var} depends on a lane index")
-        out = [f"float st_{st.name}[{self.pts}];" for st in s.state]
+        out = [f"{self.real} st_{st.name}[{self.pts}];" for st in s.state]
         self.states |= {st.name for st in s.state}
         names = dict(self.names)
         out += self.lane_loop([f"st_{st.name}[q] = {self.ex(st.init, names)};" for st in s.state])
         self.names[s.var] = f"v_{s.var}"
         inner = self.block(s.body)
-        upd = [f"const float n_{st.name} = {self.ex(st.update, self.names)};" for st in s.state]
+        upd = [f"const {self.real} n_{st.name} = {self.ex(st.update, self.names)};" for st in s.state]
         upd += [f"st_{st.name}[q] = n_{st.name};" for st in s.state]
         out += [f"for (long long v_{s.var} = 0; v_{s.var} < {ext_c(s.ext, self.names)}; ++v_{s.var}) {{"]
         out += ["    " + line for line in inner + self.lane_loop(upd)] + ["}"]
@@ -203,7 +220,7 @@ def render(k: Kernel, options: tuple[str, ...]) -> tuple[KernelSource, Launch]:
         store_off = " + ".join(f"(long long){aff_c(a, p.names)} * {s}" for a, s in zip(st.index, p.strides[out.name]))
         value = p.ex(st.value, p.names)
         body += p.lane_loop([f"if ({conds_c(st.guard, p.names)}) p_{out.name}[{store_off or '0'}] = "
-                             f"f32_to_{out.dtype}({value});"])
+                             f"{p.store(out.dtype, value)};"])
     if p.smem > DEVICE.smem_per_block:
         raise UnsupportedMapping(f"SIMT: block-level buffers need {p.smem} bytes of shared memory "
                                  f"> {DEVICE.smem_per_block}")
@@ -212,14 +229,15 @@ def render(k: Kernel, options: tuple[str, ...]) -> tuple[KernelSource, Launch]:
     params += [f"int sz_{n}" for n in k.dynamic()]
     shared = []
     for name, b in p.shared.items():
-        ct = DTYPES[p.dtypes[b.source]].ctype if b.source else "float"
+        ct = DTYPES[p.dtypes[b.source]].ctype if b.source else p.real
         shared.append(f"{ct}* sb_{name} = reinterpret_cast<{ct}*>(smem_ + {p.offsets[name]});")
-    local = [f"float lb_{n}[{p.pts}][{math.prod(x for _, x in b.dims)}];" for n, b in p.local.items()]
+    local = [f"{p.real} lb_{n}[{p.pts}][{math.prod(x for _, x in b.dims)}];" for n, b in p.local.items()]
     bidx = block_index_c([(g.var, ext_c(g.ext, p.names), g.axis) for g in k.grid])
     grid = [f"const long long v_{g.var} = {bidx[g.var]};" for g in k.grid]
     ctx = dict(kname=k.name, threads=p.threads, params=", ".join(params), smem=p.smem, shared=shared,
                local=local, grid=grid, body=body,
-               summary=f"SIMT fp32, {p.threads} threads, {p.pts} lane points per thread, one stage")
+               summary=f"SIMT {'fp64' if p.real == 'double' else 'fp32'}, {p.threads} threads, {p.pts} lane points "
+                       "per thread, one stage")
     src = render_template("simt.cu.j2", ctx)
     ks = KernelSource(src, k.name, tuple(t.name for t in k.tensors) + k.dynamic(), p.threads, p.smem, options)
     launch = Launch(tuple((g.axis, g.ext) for g in k.grid), p.threads, p.smem,

@@ -64,7 +64,7 @@ class Recompute(SplitSoftmax):
         order = facts["row_loops"]
         loops = tuple(sorted((lp for lp in d.loops if lp.var in order), key=lambda lp: order.index(lp.var)))
         idx = tuple(Aff.of(lp.var) for lp in loops)
-        shape = TensorType(tuple(lp.ext.single()[0] for lp in loops), "f32")
+        shape = TensorType(tuple(lp.ext.single()[0] for lp in loops), prog.intermediate_dtype())
         m_read, lse_read = Read(facts["max"], idx), Read(facts["lse"], idx)
         zero, ninf = Const(0.0), Const(float("-inf"))
 

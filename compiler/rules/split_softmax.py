@@ -78,7 +78,7 @@ class SplitSoftmax(Rule):
         node: Softmax = facts["site"]
         loops = tuple(lp for lp in d.loops if lp.var in facts["row_loops"])
         row = tuple(Aff.of(lp.var) for lp in loops)
-        shape = TensorType(tuple(lp.ext.single()[0] for lp in loops), "f32")
+        shape = TensorType(tuple(lp.ext.single()[0] for lp in loops), prog.intermediate_dtype())
         m_read = Read(facts["max"], row)
         score = node.score
         zero, ninf = Const(0.0), Const(float("-inf"))

@@ -61,7 +61,7 @@ class Unfuse(Rule):
         loops = tuple(lp for lp in d.loops if lp.var in facts["loops"])
         new = Def(
             name=p.name,
-            type=TensorType(tuple(lp.ext.single()[0] for lp in loops), "f32"),
+            type=TensorType(tuple(lp.ext.single()[0] for lp in loops), prog.intermediate_dtype()),
             loops=loops,
             store=tuple(Aff.of(lp.var) for lp in loops),
             body=node,

@@ -147,6 +147,21 @@ def test_torch_gradcheck_f32(built, torch):
     assert torch.autograd.gradcheck(f, (x,), eps=1e-3, atol=1e-3, rtol=1e-2, nondet_tol=1e-6)
 
 
+def test_torch_gradcheck_f64(torch, tmp_path):
+    """examples/softmax_f64_grad.yaml (SIMT kernels computing in double): torch's float64
+    gradcheck at its default tolerances, rows 1 and 5."""
+    import derivc
+    from compiler.cli import build_to
+
+    out = tmp_path / "softmax_f64"
+    build_to(ROOT / "examples" / "softmax_f64_grad.yaml", out, seed=0, proofs=False)
+    f = derivc.torch_op(out)
+    for rows in (1, 5):
+        x = torch.randn(rows, 128, device="cuda", dtype=torch.float64, requires_grad=True)
+        assert f(x).dtype == torch.float64
+        assert torch.autograd.gradcheck(f, (x,))
+
+
 def test_torch_compile_fullgraph(built, torch):
     import derivc
 
