@@ -184,3 +184,35 @@ def test_step_changing_the_output_fails(monkeypatch, tmp_path, coq_lib):
     from proofs_ci import coqlib
 
     assert coqlib.check_obligation(tmp_path / "proofs" / index[-1]["files"]["coq"], coq_lib).returncode != 0
+
+
+# --------------------------------------------------------------------------- SPLIT-KV's merge
+
+MERGE_L = """    (add (mul (st_l a) (rescale (st_m a) (max (st_m a) (st_m b))))
+         (mul (st_l b) (rescale (st_m b) (max (st_m a) (st_m b)))))"""
+
+
+@pytest.mark.parametrize("name,new", [
+    # the second range's l is not rescaled to the merged max
+    ("l2_not_rescaled", """    (add (mul (st_l a) (rescale (st_m a) (max (st_m a) (st_m b))))
+         (st_l b))"""),
+    # the first range's l is not rescaled
+    ("l1_not_rescaled", """    (add (st_l a)
+         (mul (st_l b) (rescale (st_m b) (max (st_m a) (st_m b)))))"""),
+    # rescaled against the range's own max instead of the merged one
+    ("stale_max", """    (add (mul (st_l a) (rescale (st_m a) (st_m a)))
+         (mul (st_l b) (rescale (st_m b) (st_m b))))"""),
+])
+def test_split_kv_merge_dropping_a_rescale_fails(tmp_path, name, new):
+    """SPLIT-KV's merge of partial (m, l, acc) states with a rescale dropped: the merge theorems
+    (online_merge and all that use it) no longer compile."""
+    from proofs_ci import coqlib
+
+    lib = coqlib.copy_sources(ROOT / "proofs_ci" / "coq", tmp_path / "coq")
+    merge = lib / "Rules" / "OnlineMerge.v"
+    text = merge.read_text()
+    assert MERGE_L in text, "the merge's l moved: update the mutation"
+    merge.write_text(text.replace(MERGE_L, new, 1))
+    with pytest.raises(coqlib.CoqError) as ei:
+        coqlib.build_library(lib)
+    assert "OnlineMerge.v" in str(ei.value)
