@@ -9,8 +9,10 @@ The definition's loop nest, guard and store are unchanged (a frame proposition),
 other definition too (`others`).
 What is not instantiated per step (status partial): that each partial definition's fold over
 its tiles S·jo + ks produces the partial state of its key tiles — the strided assignment of
-tiles to splits is validated numerically (every draw, including splits past the last tile and
-fully masked splits); theorem online_split_kv proves the merge for consecutive ranges of tiles.
+tiles to splits is proved in general (theorem online_split_kv_strided: split k folding tiles
+S·o + k, merged, is the softmax average over all tiles), not instantiated on the IR's folds per
+step: validated numerically (every draw, including splits past the last tile and fully masked
+splits).
 """
 from __future__ import annotations
 
@@ -56,7 +58,7 @@ def ob_split_kv(rec, before: Program, after: Program, finish) -> Obligation:
         "(online_merge_global); its loop nest, guard and store are unchanged"),
         unchecked=(f"that {part}'s fold over the tiles {S}*{p.index} + {p.split_index} yields each split's "
                    "partial state: validated numerically (every draw; empty and fully masked splits); "
-                   "theorem online_split_kv proves the merge for consecutive tile ranges"))
+                   "theorem online_split_kv_strided (not instantiated per step)"))
     ob.thms.append(Thm(_thm_name(rec), _binders(ex), hyps, ("eq", combine, quotient), proof, lean))
     ob.thms.append(store_frame(rec, before, after, p.def_))
     ob.before, ob.after = show_def(d_before), show_def(d_after)

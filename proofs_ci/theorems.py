@@ -36,8 +36,8 @@ RULE_THEOREMS: dict[str, tuple[str, ...]] = {
     "SOFTMAX_VJP": ("softmax_vjp_row",),
     "FOLD_STAT": ("online_lse",),
     # split-KV (flash-decoding): partial (m, l, acc) states of consecutive key ranges merged
-    "SPLIT_KV": ("online_split_kv", "online_merge", "online_merge_splits", "online_merge_fold",
-                 "online_merge_global"),
+    "SPLIT_KV": ("online_split_kv_strided", "online_split_kv", "online_merge", "online_merge_splits",
+                 "online_merge_fold", "online_merge_cover", "online_merge_global"),
 }
 
 # where a reader finds each rule's proofs (Coq file, Lean file), relative to the repo root

@@ -192,27 +192,32 @@ MERGE_L = """    (add (mul (st_l a) (rescale (st_m a) (max (st_m a) (st_m b))))
          (mul (st_l b) (rescale (st_m b) (max (st_m a) (st_m b)))))"""
 
 
-@pytest.mark.parametrize("name,new", [
+SKEY = "Definition skey (S t k j : nat) : nat := (S * (j / t) + k) * t + j mod t."
+
+
+@pytest.mark.parametrize("name,old,new", [
     # the second range's l is not rescaled to the merged max
-    ("l2_not_rescaled", """    (add (mul (st_l a) (rescale (st_m a) (max (st_m a) (st_m b))))
+    ("l2_not_rescaled", MERGE_L, """    (add (mul (st_l a) (rescale (st_m a) (max (st_m a) (st_m b))))
          (st_l b))"""),
     # the first range's l is not rescaled
-    ("l1_not_rescaled", """    (add (st_l a)
+    ("l1_not_rescaled", MERGE_L, """    (add (st_l a)
          (mul (st_l b) (rescale (st_m b) (max (st_m a) (st_m b)))))"""),
     # rescaled against the range's own max instead of the merged one
-    ("stale_max", """    (add (mul (st_l a) (rescale (st_m a) (st_m a)))
+    ("stale_max", MERGE_L, """    (add (mul (st_l a) (rescale (st_m a) (st_m a)))
          (mul (st_l b) (rescale (st_m b) (st_m b))))"""),
+    # the strided assignment without the split's offset: every split folds the same tiles
+    ("split_offset_dropped", SKEY, SKEY.replace(" + k) * t", ") * t")),
 ])
-def test_split_kv_merge_dropping_a_rescale_fails(tmp_path, name, new):
-    """SPLIT-KV's merge of partial (m, l, acc) states with a rescale dropped: the merge theorems
-    (online_merge and all that use it) no longer compile."""
+def test_split_kv_merge_dropping_a_rescale_fails(tmp_path, name, old, new):
+    """SPLIT-KV's merge of partial (m, l, acc) states with a rescale dropped (or the tiles
+    assigned wrongly): the merge theorems no longer compile."""
     from proofs_ci import coqlib
 
     lib = coqlib.copy_sources(ROOT / "proofs_ci" / "coq", tmp_path / "coq")
     merge = lib / "Rules" / "OnlineMerge.v"
     text = merge.read_text()
-    assert MERGE_L in text, "the merge's l moved: update the mutation"
-    merge.write_text(text.replace(MERGE_L, new, 1))
+    assert old in text, "the mutated definition moved: update the mutation"
+    merge.write_text(text.replace(old, new, 1))
     with pytest.raises(coqlib.CoqError) as ei:
         coqlib.build_library(lib)
     assert "OnlineMerge.v" in str(ei.value)

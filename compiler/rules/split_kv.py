@@ -28,9 +28,11 @@ guard, no further outputs) whose body is lets around a tail fold over `index` wi
 state (m, l, acc) from (-inf, 0, 0) (m := max(m, …), l and acc rescaled by rescale(m, m_new))
 and result acc / l; `splits` ≥ 2; the new names are unused.
 Theorems (proofs_ci/coq/Rules/OnlineMerge.v, lean/Derivc/Rules/OnlineMerge.lean):
-online_merge (two consecutive key ranges, fully masked ones included), online_merge_splits
-(S ranges), online_split_kv (the merged quotient is the masked softmax-weighted sum),
-online_merge_global (the left-to-right merge is the one-max combine written here).
+online_split_kv_strided (this rule's assignment: split k folding tiles S·o + k, merged, gives the
+softmax-weighted average over all tiles), from online_merge_cover (any assignment of keys to
+splits that covers the keys once; fully masked splits included); online_merge_global (the
+left-to-right merge is the one-max combine written here, the per-step obligation); for
+consecutive ranges online_merge (two), online_merge_splits and online_split_kv (S).
 """
 from __future__ import annotations
 
@@ -70,8 +72,8 @@ def _with_tail(e, fold: Fold):
 class SplitKv(Rule):
     name = "split_kv"
     kind = "SPLIT-KV"
-    theorem = "online_split_kv"
-    also = ("online_merge", "online_merge_splits", "online_merge_global")
+    theorem = "online_split_kv_strided"
+    also = ("online_merge_cover", "online_merge_global", "online_merge")
     Params = SplitKvParams
 
     def check(self, prog: Program, p: SplitKvParams) -> Facts:

@@ -6,6 +6,8 @@
    the combine with one global max (online_merge_global).
    Mirrors Rules/OnlineMerge.v.  NOT checked here (no Lean toolchain). -/
 import Derivc.Rules.OnlineAgg
+import Derivc.Rules.Reorder
+import Derivc.Rules.Tile
 
 namespace Derivc
 
@@ -267,5 +269,100 @@ theorem online_merge_global (part : Nat → OState R) (n : Nat) :
       sumTo_ext n _ (fun k => KAlg.mul (part k).st_acc
           (rescale (part k).st_m (maxTo (n + 1) (fun k => (part k).st_m))))
         (fun k hk => by rw [KAlg.mul_assoc]; exact congrArg _ (hr k hk))]
+
+/-! Any assignment of keys to splits. -/
+
+/-- one partial state rescaled to a finite merged max z -/
+theorem part_rescaled (g : Nat → Bool) (s v : Nat → R) (n : Nat) (st : OState R) (z : R)
+    (hinv : onlineInv g s v n st) :
+    KAlg.mul st.st_l (rescale st.st_m (Ext.fin z)) = KAlg.mul (KAlg.exp (KAlg.neg z)) (sumTo n (eg g s))
+    ∧ KAlg.mul st.st_acc (rescale st.st_m (Ext.fin z))
+      = KAlg.mul (KAlg.exp (KAlg.neg z)) (sumTo n (fun j => KAlg.mul (eg g s j) (v j))) := by
+  obtain ⟨m, l, acc⟩ := st
+  unfold onlineInv at hinv
+  dsimp only at hinv ⊢
+  cases m with
+  | fin x =>
+    obtain ⟨hl, ha⟩ := hinv
+    rw [hl, ha, rescale_fin, merge_rescale, merge_rescale]
+    exact ⟨rfl, rfl⟩
+  | ninf =>
+    obtain ⟨hl, ha, hg⟩ := hinv
+    have hz := eg_masked_sum g s v n hg
+    rw [hl, ha, mul_0_l, mul_0_l, hz.1, hz.2, mul_0_r]
+    exact ⟨rfl, rfl⟩
+
+/-- S partial states, split k over the keys key k j (j < n), covering N keys once (as sums):
+    the merge's acc / l is the softmax-weighted average over the live keys of [0, N) -/
+theorem online_merge_cover (g : Nat → Bool) (s v : Nat → R) (S n N : Nat)
+    (key : Nat → Nat → Nat) (part : Nat → OState R)
+    (hp : ∀ k, k < S → onlineInv (fun j => g (key k j)) (fun j => s (key k j))
+      (fun j => v (key k j)) n (part k))
+    (hcover : ∀ f : Nat → R, sumTo S (fun k => sumTo n (fun j => f (key k j))) = sumTo N f) :
+    div (mergeN part S).st_acc (mergeN part S).st_l
+      = div (sumTo N (fun j => KAlg.mul (eg g s j) (v j))) (sumTo N (eg g s)) := by
+  rw [online_merge_global]
+  dsimp only
+  rw [← hcover (eg g s), ← hcover (fun j => KAlg.mul (eg g s j) (v j))]
+  cases hM : maxTo S (fun k => (part k).st_m) with
+  | fin z =>
+    rw [sumTo_ext S _ (fun k => KAlg.mul (KAlg.exp (KAlg.neg z)) (sumTo n (fun j => eg g s (key k j))))
+          (fun k hk => (part_rescaled _ _ _ n (part k) z (hp k hk)).1),
+      sumTo_ext S _ (fun k => KAlg.mul (KAlg.exp (KAlg.neg z))
+          (sumTo n (fun j => KAlg.mul (eg g s (key k j)) (v (key k j)))))
+          (fun k hk => (part_rescaled _ _ _ n (part k) z (hp k hk)).2),
+      sumTo_mul_l, sumTo_mul_l]
+    exact div_cancel_l _ _ _ (exp_ne_zero _)
+  | ninf =>
+    have hz : ∀ k, k < S → (part k).st_l = KAlg.zero ∧ (part k).st_acc = KAlg.zero
+        ∧ ∀ j, j < n → g (key k j) = false := by
+      intro k hk
+      have i := hp k hk
+      unfold onlineInv at i
+      rw [maxTo_NInf_inv S _ hM k hk] at i
+      exact i
+    rw [sumTo_zero_ext S _ (fun k hk => by simp only [(hz k hk).1]; exact mul_0_l _),
+      sumTo_zero_ext S _ (fun k hk => by simp only [(hz k hk).2.1]; exact mul_0_l _),
+      sumTo_zero_ext S (fun k => sumTo n (fun j => eg g s (key k j)))
+        (fun k hk => (eg_masked_sum (fun j => g (key k j)) (fun j => s (key k j))
+          (fun j => v (key k j)) n (hz k hk).2.2).1),
+      sumTo_zero_ext S (fun k => sumTo n (fun j => KAlg.mul (eg g s (key k j)) (v (key k j))))
+        (fun k hk => (eg_masked_sum (fun j => g (key k j)) (fun j => s (key k j))
+          (fun j => v (key k j)) n (hz k hk).2.2).2)]
+
+/-- the rule's assignment: split k folds the tiles S * o + k of t keys each -/
+def skey (S t k j : Nat) : Nat := (S * (j / t) + k) * t + j % t
+
+theorem tile_div_mod (o i t : Nat) (hi : i < t) : (o * t + i) / t = o ∧ (o * t + i) % t = i := by
+  have ht : 0 < t := by omega
+  constructor
+  · rw [Nat.add_comm, Nat.add_mul_div_right _ _ ht, Nat.div_eq_of_lt hi, Nat.zero_add]
+  · rw [Nat.add_comm, Nat.add_mul_mod_self_right, Nat.mod_eq_of_lt hi]
+
+theorem skey_cover (S C t : Nat) (f : Nat → R) :
+    sumTo S (fun k => sumTo (C * t) (fun j => f (skey S t k j))) = sumTo (C * S * t) f := by
+  rw [sumTo_tile (C * S) t f, sumTo_tile C S]
+  rw [sumTo_ext S _ (fun k => sumTo C (fun o => sumTo t (fun i => f ((S * o + k) * t + i))))
+      (fun k _ => by
+        rw [sumTo_tile]
+        exact sumTo_ext C _ _ (fun o _ => sumTo_ext t _ _ (fun i hi => by
+          unfold skey
+          rw [(tile_div_mod o i t hi).1, (tile_div_mod o i t hi).2])))]
+  rw [sumTo_swap]
+  exact sumTo_ext C _ _ (fun o _ => sumTo_ext S _ _ (fun k _ => by rw [Nat.mul_comm S o]))
+
+/-- the rule's theorem as the rule assigns tiles: S splits, split k folding the C tiles
+    S * o + k from (-inf, 0, 0) with its own valid running max -/
+theorem online_split_kv_strided (g : Nat → Bool) (s v : Nat → R) (t C S : Nat)
+    (mnext : Nat → Nat → Ext R → Ext R)
+    (hok : ∀ k, k < S → online_max_ok (fun j => g (skey S t k j)) t (mnext k) C) :
+    div (mergeN (fun k => onlineFoldG (fun j => g (skey S t k j)) (fun j => s (skey S t k j))
+            (fun j => v (skey S t k j)) t (mnext k) Ext.ninf C) S).st_acc
+        (mergeN (fun k => onlineFoldG (fun j => g (skey S t k j)) (fun j => s (skey S t k j))
+            (fun j => v (skey S t k j)) t (mnext k) Ext.ninf C) S).st_l
+      = div (sumTo (C * S * t) (fun j => KAlg.mul (eg g s j) (v j))) (sumTo (C * S * t) (eg g s)) :=
+  online_merge_cover g s v S (C * t) (C * S * t) (skey S t) _
+    (fun k hk => online_invariant _ _ _ t (mnext k) Ext.ninf C (hok k hk))
+    (fun f => skey_cover S C t f)
 
 end Derivc

@@ -11,6 +11,7 @@
    (online_merge_global), which is what a combine kernel computes. *)
 Require Import Arith Lia.
 Require Import Derivc.Algebra Derivc.Sum Derivc.Rules.SplitSoftmax Derivc.Rules.OnlineAgg.
+Require Import Derivc.Rules.Reorder Derivc.Rules.Tile.
 
 Section OnlineMerge.
 Context {R : Type} `{KAlg R}.
@@ -217,6 +218,104 @@ Proof.
                (fun k => mul (st_acc (part k)) (rescale (st_m (part k)) M)))
       by (intros k Hk; exact (proj2 (Hr k Hk))).
     reflexivity.
+Qed.
+
+(* ------------------------------------------------ any assignment of keys to splits *)
+
+(* one partial state rescaled to a finite merged max z: exp (-z) times its live sums *)
+Lemma part_rescaled : forall (g : nat -> bool) (s v : nat -> R) (n : nat) (st : OState R) (z : R),
+  onlineInv g s v n st ->
+  mul (st_l st) (rescale (st_m st) (Fin z)) = mul (exp (neg z)) (sumTo n (eg g s))
+  /\ mul (st_acc st) (rescale (st_m st) (Fin z))
+     = mul (exp (neg z)) (sumTo n (fun j => mul (eg g s j) (v j))).
+Proof.
+  intros g s v n [m l acc] z Hinv. unfold onlineInv in Hinv. cbn [st_m st_l st_acc] in *.
+  destruct m as [x|].
+  - destruct Hinv as [Hl Ha]. rewrite Hl, Ha, rescale_fin, !merge_rescale. split; reflexivity.
+  - destruct Hinv as [Hl [Ha Hg]]. rewrite Hl, Ha, !mul_0_l.
+    rewrite (sumTo_zero_ext n (eg g s)) by (intros j Hj; unfold eg; rewrite (Hg j Hj); reflexivity).
+    rewrite (sumTo_zero_ext n (fun j => mul (eg g s j) (v j)))
+      by (intros j Hj; unfold eg; rewrite (Hg j Hj); apply mul_0_l).
+    rewrite mul_0_r. split; reflexivity.
+Qed.
+
+(* S partial states, split k over the keys key k j (j < n), the splits covering N keys once
+   (as sums: every function sums the same over the splits as over [0, N)): the merge's acc / l
+   is the softmax-weighted average of v over the live keys of [0, N) (0 when none is live) *)
+Theorem online_merge_cover : forall (g : nat -> bool) (s v : nat -> R) (S n N : nat)
+    (key : nat -> nat -> nat) (part : nat -> OState R),
+  (forall k, k < S -> onlineInv (fun j => g (key k j)) (fun j => s (key k j)) (fun j => v (key k j)) n (part k)) ->
+  (forall f : nat -> R, sumTo S (fun k => sumTo n (fun j => f (key k j))) = sumTo N f) ->
+  div (st_acc (mergeN part S)) (st_l (mergeN part S))
+  = div (sumTo N (fun j => mul (eg g s j) (v j))) (sumTo N (eg g s)).
+Proof.
+  intros g s v S n N key part Hp Hcover.
+  rewrite online_merge_global. cbn [st_acc st_l].
+  rewrite <- (Hcover (eg g s)), <- (Hcover (fun j => mul (eg g s j) (v j))).
+  destruct (maxTo S (fun k => st_m (part k))) as [z|] eqn:EM.
+  - rewrite (sumTo_ext S (fun k => mul (st_l (part k)) (rescale (st_m (part k)) (Fin z)))
+               (fun k => mul (exp (neg z)) (sumTo n (fun j => eg g s (key k j)))))
+      by (intros k Hk; exact (proj1 (part_rescaled _ _ _ n (part k) z (Hp k Hk)))).
+    rewrite (sumTo_ext S (fun k => mul (st_acc (part k)) (rescale (st_m (part k)) (Fin z)))
+               (fun k => mul (exp (neg z)) (sumTo n (fun j => mul (eg g s (key k j)) (v (key k j))))))
+      by (intros k Hk; exact (proj2 (part_rescaled _ _ _ n (part k) z (Hp k Hk)))).
+    rewrite !sumTo_mul_l. apply div_cancel_l. apply exp_ne_zero.
+  - (* every split fully masked: 0 / 0 on both sides *)
+    assert (Hm : forall k, k < S -> st_m (part k) = NInf)
+      by (intros k Hk; exact (maxTo_NInf_inv S _ EM k Hk)).
+    assert (Hz : forall k, k < S -> st_l (part k) = zero /\ st_acc (part k) = zero
+                                    /\ forall j, j < n -> g (key k j) = false).
+    { intros k Hk. pose proof (Hp k Hk) as I. unfold onlineInv in I. rewrite (Hm k Hk) in I. exact I. }
+    rewrite (sumTo_zero_ext S (fun k => mul (st_l (part k)) (rescale (st_m (part k)) NInf)))
+      by (intros k Hk; rewrite (proj1 (Hz k Hk)); apply mul_0_l).
+    rewrite (sumTo_zero_ext S (fun k => mul (st_acc (part k)) (rescale (st_m (part k)) NInf)))
+      by (intros k Hk; rewrite (proj1 (proj2 (Hz k Hk))); apply mul_0_l).
+    rewrite (sumTo_zero_ext S (fun k => sumTo n (fun j => eg g s (key k j)))).
+    2: { intros k Hk. apply sumTo_zero_ext. intros j Hj. unfold eg.
+         rewrite (proj2 (proj2 (Hz k Hk)) j Hj). reflexivity. }
+    rewrite (sumTo_zero_ext S (fun k => sumTo n (fun j => mul (eg g s (key k j)) (v (key k j))))).
+    2: { intros k Hk. apply sumTo_zero_ext. intros j Hj. unfold eg.
+         rewrite (proj2 (proj2 (Hz k Hk)) j Hj). apply mul_0_l. }
+    reflexivity.
+Qed.
+
+(* the rule's assignment: split k folds the tiles S * o + k (o < C) of t keys each *)
+Definition skey (S t k j : nat) : nat := (S * (j / t) + k) * t + j mod t.
+
+Lemma tile_div_mod : forall o i t : nat, i < t -> (o * t + i) / t = o /\ (o * t + i) mod t = i.
+Proof.
+  intros o i t Hi. split.
+  - symmetry. apply (Nat.div_unique (o * t + i) t o i Hi). lia.
+  - symmetry. apply (Nat.mod_unique (o * t + i) t o i Hi). lia.
+Qed.
+
+Lemma skey_cover : forall (S C t : nat) (f : nat -> R),
+  sumTo S (fun k => sumTo (C * t) (fun j => f (skey S t k j))) = sumTo (C * S * t) f.
+Proof.
+  intros S C t f.
+  rewrite (sumTo_tile (C * S) t f), (sumTo_tile C S).
+  rewrite (sumTo_ext S _ (fun k => sumTo C (fun o => sumTo t (fun i => f ((S * o + k) * t + i))))).
+  2: { intros k Hk. rewrite sumTo_tile. apply sumTo_ext. intros o Ho. apply sumTo_ext. intros i Hi.
+       unfold skey. destruct (tile_div_mod o i t Hi) as [E1 E2]. rewrite E1, E2. reflexivity. }
+  rewrite sumTo_swap. apply sumTo_ext. intros o Ho. apply sumTo_ext. intros k Hk.
+  rewrite (Nat.mul_comm S o). reflexivity.
+Qed.
+
+(* the rule's theorem as the rule assigns tiles: S splits, split k folding the C tiles
+   S * o + k from (-inf, 0, 0) with its own valid running max; merged, the quotient is the
+   softmax-weighted average over all C * S tiles (tiles past the keys are masked by g) *)
+Theorem online_split_kv_strided : forall (g : nat -> bool) (s v : nat -> R) (t C S : nat)
+    (mnext : nat -> nat -> ext R -> ext R),
+  (forall k, k < S -> online_max_ok (fun j => g (skey S t k j)) t (mnext k) C) ->
+  let st := mergeN (fun k => onlineFoldG (fun j => g (skey S t k j)) (fun j => s (skey S t k j))
+                                          (fun j => v (skey S t k j)) t (mnext k) NInf C) S in
+  div (st_acc st) (st_l st)
+  = div (sumTo (C * S * t) (fun j => mul (eg g s j) (v j))) (sumTo (C * S * t) (eg g s)).
+Proof.
+  intros g s v t C S mnext Hok st.
+  apply (online_merge_cover g s v S (C * t) (C * S * t) (skey S t)).
+  - intros k Hk. apply online_invariant. exact (Hok k Hk).
+  - intros f. apply skey_cover.
 Qed.
 
 End OnlineMerge.
