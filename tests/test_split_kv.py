@@ -210,3 +210,23 @@ def test_mutation_partial_state_not_rescaled_fails(monkeypatch):
     _mutate(monkeypatch, no_rescale)
     with pytest.raises(DerivationError, match="numeric check failed"):
         _derive_split(decode_text(2))
+
+
+def test_gqa_decode_keeps_the_group_in_one_block():
+    """32 query heads over 8 K / V heads: the grid is (split, K / V head, batch); the G query
+    heads of a K / V head are loops inside the block, so K and V tiles are read once per group."""
+    path = ROOT / "examples" / "decode_splitkv_gqa.yaml"
+    d = derive(load_spec_file(path), str(path), seed=2)
+    assert all(s.numeric["passed"] for s in d.steps)
+    part = d.final.def_named("O_part")
+    grid = [lp.var for lp in part.loops if lp.mapping and lp.mapping.level == "grid"]
+    assert grid == ["b", "hk", "ks"] and "g" in [lp.var for lp in part.loops]
+    prog = derive(load_spec_file(path), str(path), check=False, upto=SPLIT_STEP).final
+    sizes = {"B": 1, "HK": 2, "G": 4, "Nq": 1, "Nk": 200, "D": 128}
+    rng = np.random.default_rng(1)
+    q = rng.standard_normal((1, 2, 4, 1, 128))
+    k, v = rng.standard_normal((1, 2, 200, 128)), rng.standard_normal((1, 2, 200, 128))
+    out = run_program(prog, sizes, {"Q": q, "K": k, "V": v})["O"]
+    for g in range(4):
+        want = attention(q[:, :, g], k, v, np.ones(200, bool))
+        assert np.allclose(out[:, :, g], want, rtol=1e-12, atol=1e-12)
