@@ -152,6 +152,10 @@ def test_refused_after_fold_stat_and_on_another_fold_index():
 def test_a_used_name_is_an_input_error():
     with pytest.raises(StepInputError, match="already used"):
         _check(_upto(6), **{"def": "O", "index": "jo", "splits": 4, "split_index": "b"})
+    with pytest.raises(StepInputError, match="already used"):
+        _check(_upto(6), **{"def": "O", "index": "jo", "splits": 4, "name": "K"})
+    with pytest.raises(DerivationError, match="reserved"):
+        _check(_upto(6), **{"def": "O", "index": "jo", "splits": 4, "name": "class"})
 
 
 # --------------------------------------------------------------------------- mutations

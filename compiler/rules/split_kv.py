@@ -44,6 +44,7 @@ from ..ir import (
     Aff, AlsoStore, Bin, Binding, Def, Ext, Fold, Let, Loop, Program, Read, Reduce, TensorType, fresh,
     names_in_program, subst_index, tail_fold,
 )
+from ..names import name_problem
 from . import register
 from .base import Facts, Rule, StepParams
 from .fold_stat import online_pair
@@ -78,6 +79,9 @@ class SplitKv(Rule):
 
     def check(self, prog: Program, p: SplitKvParams) -> Facts:
         d = self.get_def(prog, p.def_)
+        problem = name_problem(p.name) if p.name else ""
+        if problem:
+            raise self.fail(f"parameter name: {problem}")
         if p.splits < 2:
             raise self.fail(f"splits must be at least 2 (got {p.splits})")
         for n in (p.split_index, *_partial_names(p)):
