@@ -1,0 +1,71 @@
+"""SPLIT-KV's two kernels (codegen/multi_kernel.py): the partial folds, then the combine, each
+lowered and validated against its cut of the program, printed, and its text run on the CPU
+through the emulation against float64 — at the example's check sizes, Nk = 1 (seven empty
+splits of eight), Nk = 100 (two tiles: six empty splits) — and a combine printed without its
+rescale caught by the emulation.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from codegen.build import CodegenError
+from codegen.emu import host_compiler
+from codegen.multi_kernel import check_stages, kernel_programs, stages
+from compiler.derive import derive
+from compiler.spec import load_spec_file
+
+pytestmark = pytest.mark.skipif(host_compiler() is None, reason="no host C++ compiler")
+
+ROOT = Path(__file__).resolve().parents[1]
+DECODE = ROOT / "examples" / "decode_splitkv.yaml"
+TILES = {"Nk": 64, "Nq": 16}
+
+
+@pytest.fixture(scope="module")
+def final():
+    return derive(load_spec_file(DECODE), str(DECODE), check=False).final
+
+
+def test_one_kernel_per_definition_in_order(final):
+    cuts = kernel_programs(final)
+    assert [c.output for c in cuts] == ["O_part", "O"]
+    assert cuts[0].also_outputs() == ("O_part_m", "O_part_l")
+    assert [d.computed_by for d in cuts[1].defs] == ["kernel O_part", ""]
+
+
+@pytest.mark.parametrize("nk", [1100, 1, 100])
+def test_both_kernels_pass_the_emulation(final, nk):
+    sizes = {"B": 2, "H": 2, "Nq": 1, "Nk": nk, "D": 128}
+    found = stages(final, "decode", sizes, 1)
+    assert [s.name for s in found] == ["O_part", "O"]
+    assert [t.name for t in found[0].kernel.outputs] == ["O_part", "O_part_m", "O_part_l"]
+    assert [t.name for t in found[1].kernel.inputs] == ["O_part", "O_part_m", "O_part_l"]
+    records = check_stages(found, sizes, 3, TILES)
+    assert all(r["passed"] for r in records)
+
+
+def test_a_combine_without_its_rescale_is_caught(final, monkeypatch):
+    """The combine kernel printed from a program whose denominator drops e^(m_k - m): the
+    lowering validation (kernel IR vs its cut) still agrees with the mutated cut, so the
+    emulation is compared with the unmutated cut's O, and must disagree."""
+    from dataclasses import replace
+
+    from compiler.ir import Bin
+
+    d = final.def_named("O")
+    num, den = d.body.body.a, d.body.body.b
+    bad = final.with_def(replace(d, body=replace(d.body, body=Bin("/", num, replace(den, body=den.body.a)))))
+    sizes = {"B": 2, "H": 2, "Nq": 1, "Nk": 1100, "D": 128}
+    bad_stage = stages(bad, "decode", sizes, 1)[1]
+    good_stage = stages(final, "decode", sizes, 1)[1]
+    with pytest.raises(CodegenError, match="kernel O"):
+        check_stages([replace(bad_stage, program=good_stage.program)], sizes, 3, TILES)
+
+
+def test_a_single_definition_is_refused(final):
+    from dataclasses import replace
+
+    with pytest.raises(CodegenError, match="one kernel"):
+        kernel_programs(replace(final, defs=final.defs[:1], output="O_part"))
