@@ -69,3 +69,23 @@ def test_a_single_definition_is_refused(final):
 
     with pytest.raises(CodegenError, match="one kernel"):
         kernel_programs(replace(final, defs=final.defs[:1], output="O_part"))
+
+
+def test_the_two_kernels_chained_on_the_cpu_are_attention(final):
+    """End to end as the GPU runs them: the partial kernel's own outputs (f32 partials, m with
+    -inf for empty splits) fed to the combine kernel, against float64 attention."""
+    import numpy as np
+
+    from codegen.emu.run import run_printed
+
+    sizes = {"B": 1, "H": 2, "Nq": 1, "Nk": 300, "D": 128}
+    part, combine = stages(final, "decode", sizes, 1)
+    rng = np.random.default_rng(4)
+    q, k, v = (rng.standard_normal(s).astype(np.float16) for s in ((1, 2, 1, 128), (1, 2, 300, 128), (1, 2, 300, 128)))
+    o_part, m, l = run_printed(part.printed, 0, [q, k, v])
+    assert np.all(np.isneginf(m[..., 5:])) and np.all(l[..., 5:] == 0)  # 5 tiles over 8 splits
+    o = run_printed(combine.printed, 0, [o_part, m, l])
+    s = np.einsum("bhie,bhje->bhij", q.astype(np.float64), k.astype(np.float64)) / np.sqrt(128)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    want = np.einsum("bhij,bhjd->bhid", p / p.sum(-1, keepdims=True), v.astype(np.float64))
+    assert np.linalg.norm(np.asarray(o, np.float64) - want) / np.linalg.norm(want) < 2e-3
