@@ -94,7 +94,8 @@ def test_the_example_derives_and_checks_every_step():
     assert [x.name for x in d.final.defs] == ["O_part", "O"]
     part = d.final.def_named("O_part")
     assert [a.name for a in part.also] == ["O_part_m", "O_part_l"]
-    assert [lp.mapping.axis for lp in part.loops if lp.mapping] == ["z", "y", "x"]
+    grid = [(lp.var, lp.mapping.axis) for lp in part.loops if lp.mapping and lp.mapping.level == "grid"]
+    assert grid == [("b", "z"), ("h", "y"), ("ks", "x"), ("io", "x")]  # splits and query tiles share grid.x
 
 
 def test_the_combine_is_a_program_with_one_max():
