@@ -225,7 +225,8 @@ def test_gqa_decode_keeps_the_group_in_one_block():
     assert all(s.numeric["passed"] for s in d.steps)
     part = d.final.def_named("O_part")
     grid = [lp.var for lp in part.loops if lp.mapping and lp.mapping.level == "grid"]
-    assert grid == ["b", "hk", "ks"] and "g" in [lp.var for lp in part.loops]
+    assert grid == ["b", "hk", "ks", "io"]
+    assert [lp.mapping.level for lp in part.loops if lp.var == "g"] == ["warp"]
     prog = derive(load_spec_file(path), str(path), check=False, upto=SPLIT_STEP).final
     sizes = {"B": 1, "HK": 2, "G": 4, "Nq": 1, "Nk": 200, "D": 128}
     rng = np.random.default_rng(1)

@@ -25,18 +25,21 @@ if str(ROOT) not in sys.path:
 
 pytestmark = pytest.mark.gpu
 DECODE = ROOT / "examples" / "decode_splitkv.yaml"
+GQA = ROOT / "examples" / "decode_splitkv_gqa.yaml"
 SHAPES = [(1, 32, 32768), (4, 32, 32768), (8, 32, 4096), (64, 8, 2048)]  # (B, H, Nk), the issue's decode targets
 
 
-def load_decode():
+def load_decode(path: Path = DECODE):
     """(partial kernel, combine kernel), compiled for the current device."""
     from codegen.cuda.runtime import CompiledKernel
     from codegen.multi_kernel import stages
     from compiler.derive import derive
     from compiler.spec import load_spec_file
 
-    d = derive(load_spec_file(DECODE), str(DECODE), check=False)
-    found = stages(d.final, "decode_splitkv", {"B": 2, "H": 2, "Nq": 1, "Nk": 1100, "D": 128}, 1)
+    d = derive(load_spec_file(path), str(path), check=False)
+    sizes = {"B": 2, "H": 2, "Nq": 1, "Nk": 1100, "D": 128} if path == DECODE else \
+        {"B": 1, "HK": 2, "G": 4, "Nq": 1, "Nk": 1100, "D": 128}
+    found = stages(d.final, path.stem, sizes, 1)
     return tuple(CompiledKernel(s.printed) for s in found)
 
 
@@ -79,6 +82,23 @@ def test_decode_against_float64(kernels, b, h, nk, logits):
         assert torch.isneginf(m[..., tiles:]).all() and (l[..., tiles:] == 0).all()
 
 
+@pytest.mark.parametrize("b,nk", [(1, 1), (2, 100), (1, 4097)])
+def test_gqa_decode_against_float64(b, nk):
+    """32 query heads over 8 K / V heads: Q [B, 8, 4, 1, D] is torch's [B, 32, 1, D]."""
+    import torch
+
+    kernels = load_decode(GQA)
+    g = torch.Generator(device="cuda").manual_seed(nk)
+    q = torch.randn(b, 32, 1, 128, device="cuda", generator=g).half()
+    k = torch.randn(b, 8, nk, 128, device="cuda", generator=g).half()
+    v = torch.randn(b, 8, nk, 128, device="cuda", generator=g).half()
+    o, _ = run_decode(kernels, q.view(b, 8, 4, 1, 128), k, v)
+    torch.cuda.synchronize()
+    want = reference(torch, q, k.repeat_interleave(4, dim=1), v.repeat_interleave(4, dim=1))
+    err = (o.reshape(b, 32, 1, 128).double() - want).norm() / want.norm()
+    assert err < 5e-3, f"relative error {err:.3g} at B={b} Nk={nk}"
+
+
 def test_two_runs_same_bits(kernels):
     import torch
 
@@ -119,6 +139,15 @@ def bench(shapes=SHAPES, iters: int = 50) -> None:
         sdpa = time_ms(lambda: F.scaled_dot_product_attention(q, k, v))
         gbs = 2 * b * h * nk * 128 * 2 / (ours * 1e-3) / 1e9
         print(f"{b:>3} {h:>3} {nk:>6}  {ours:>9.3f}  {sdpa:>8.3f}  {sdpa / ours:>6.2f}  {gbs:>8.0f}")
+    gqa = load_decode(GQA)
+    for b, nk in ((1, 32768), (4, 32768)):  # 32 query / 8 K-V heads; SDPA on the repeated K / V
+        q = torch.randn(b, 32, 1, 128, device="cuda").half()
+        k = torch.randn(b, 8, nk, 128, device="cuda").half()
+        v = torch.randn(b, 8, nk, 128, device="cuda").half()
+        ours = time_ms(lambda: run_decode(gqa, q.view(b, 8, 4, 1, 128), k, v))
+        sdpa = time_ms(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
+        gbs = 2 * b * 8 * nk * 128 * 2 / (ours * 1e-3) / 1e9
+        print(f"GQA {b:>3} 32/8 {nk:>6}  {ours:>9.3f}  {sdpa:>8.3f}  {sdpa / ours:>6.2f}  {gbs:>8.0f}")
 
 
 if __name__ == "__main__":
