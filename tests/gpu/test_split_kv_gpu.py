@@ -145,7 +145,11 @@ def bench(shapes=SHAPES, iters: int = 50) -> None:
         k = torch.randn(b, 8, nk, 128, device="cuda").half()
         v = torch.randn(b, 8, nk, 128, device="cuda").half()
         ours = time_ms(lambda: run_decode(gqa, q.view(b, 8, 4, 1, 128), k, v))
-        sdpa = time_ms(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
+        try:
+            sdpa = time_ms(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
+        except TypeError:  # torch < 2.5: no enable_gqa, SDPA on K / V repeated per query head
+            kr, vr = k.repeat_interleave(4, dim=1), v.repeat_interleave(4, dim=1)
+            sdpa = time_ms(lambda: F.scaled_dot_product_attention(q, kr, vr))
         gbs = 2 * b * 8 * nk * 128 * 2 / (ours * 1e-3) / 1e9
         print(f"GQA {b:>3} 32/8 {nk:>6}  {ours:>9.3f}  {sdpa:>8.3f}  {sdpa / ours:>6.2f}  {gbs:>8.0f}")
 
