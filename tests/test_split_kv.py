@@ -95,7 +95,7 @@ def test_the_example_derives_and_checks_every_step():
     part = d.final.def_named("O_part")
     assert [a.name for a in part.also] == ["O_part_m", "O_part_l"]
     grid = [(lp.var, lp.mapping.axis) for lp in part.loops if lp.mapping and lp.mapping.level == "grid"]
-    assert grid == [("b", "z"), ("h", "y"), ("ks", "x"), ("io", "x")]  # splits and query tiles share grid.x
+    assert grid == [("b", "z"), ("h", "y"), ("ks", "x"), ("i", "x")]  # splits and query rows share grid.x
 
 
 def test_the_combine_is_a_program_with_one_max():
@@ -225,7 +225,7 @@ def test_gqa_decode_keeps_the_group_in_one_block():
     assert all(s.numeric["passed"] for s in d.steps)
     part = d.final.def_named("O_part")
     grid = [lp.var for lp in part.loops if lp.mapping and lp.mapping.level == "grid"]
-    assert grid == ["b", "hk", "ks", "io"]
+    assert grid == ["b", "hk", "ks", "i"]
     assert [lp.mapping.level for lp in part.loops if lp.var == "g"] == ["warp"]
     prog = derive(load_spec_file(path), str(path), check=False, upto=SPLIT_STEP).final
     sizes = {"B": 1, "HK": 2, "G": 4, "Nq": 1, "Nk": 200, "D": 128}

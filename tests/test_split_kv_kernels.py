@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(host_compiler() is None, reason="no host C++ com
 
 ROOT = Path(__file__).resolve().parents[1]
 DECODE = ROOT / "examples" / "decode_splitkv.yaml"
-TILES = {"Nk": 64, "Nq": 16}
+TILES = {"Nk": 64}
 
 
 @pytest.fixture(scope="module")
