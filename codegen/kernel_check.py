@@ -35,7 +35,7 @@ import numpy as np
 
 from compiler.derive import checked_outputs, output_error
 from compiler.interp import run_program
-from compiler.kernel_view import kernel_view
+from compiler.kernel_view import kernel_view, written_by
 from compiler.ir import Program
 
 from .mappings import Printed
@@ -162,7 +162,9 @@ def _run_draw(printed: Printed, program: Program, draw: Draw, vs: dict[str, int]
         tensors = run_program(program, vs, exact)
         for d in program.defs:
             if d.computed_by:
-                exact[d.name] = from_storage(to_storage(tensors[d.name], d.type.dtype), d.type.dtype).astype(np.float64)
+                for name in written_by(d):  # the definition and its further outputs (a split's m, l)
+                    dtype = program.tensor_type(name).dtype
+                    exact[name] = from_storage(to_storage(tensors[name], dtype), dtype).astype(np.float64)
         program = kernel_view(program)
     tensors = run_program(program, vs, exact)
     names = [t.name for t in printed.kernel.outputs]

@@ -33,8 +33,13 @@ def kernel_inputs(prog: Program) -> list[str]:
     reads: set[str] = set()
     for d in computed_here(prog):
         reads |= tensors_read(d.body)
-    names = [n for n, _ in prog.inputs] + [d.name for d in prog.defs if d.computed_by]
+    names = [n for n, _ in prog.inputs] + [n for d in prog.defs if d.computed_by for n in written_by(d)]
     return [n for n in names if n in reads]
+
+
+def written_by(d: Def) -> list[str]:
+    """The tensors a definition writes: itself, then its further outputs (a split fold's m, l)."""
+    return [d.name, *(a.name for a in d.also)]
 
 
 def kernel_view(prog: Program) -> Program:
@@ -42,7 +47,8 @@ def kernel_view(prog: Program) -> Program:
     the definitions the kernel computes remain."""
     if not any(d.computed_by for d in prog.defs):
         return prog
-    types = {n: t for n, t in prog.inputs} | {d.name: d.type for d in prog.defs}
+    types = {n: t for n, t in prog.inputs} | {d.name: d.type for d in prog.defs} \
+        | {a.name: a.type for d in prog.defs for a in d.also}
     inputs = tuple((n, types[n]) for n in kernel_inputs(prog))
     defs = tuple(computed_here(prog))
     # sizes only the other steps' definitions use are not the kernel's

@@ -27,6 +27,8 @@ Rule by rule (what is stated):
   MASK              the truncated fold/reduction: skipped iterations leave the state unchanged
                     (sumTo_guard_trunc / foldN_trunc)
   MAP-MMA           the sum = its mma16 grouping (the meaning of the mma fact)  mma_tile
+  SPLIT-KV          the combine = acc / l of the merged partial states  online_merge_global
+                    (compiler/obligations_split.py)
   RECOMPUTE / SOFTMAX-ROWTERM (the backward): compiler/obligations_bwd.py
 """
 from __future__ import annotations
@@ -43,6 +45,7 @@ from .obligations_base import (
 )
 from .obligations_base import LEAN_PROPS
 from .obligations_bwd import ob_recompute, ob_rowterm
+from .obligations_split import ob_split_kv
 from .obligations_frame import _FRAME_PROOF, _def_frame, others_thm, site_frame, store_frame
 from .printer import show_def
 from .obligations_safety import safety_index, safety_obligation
@@ -530,6 +533,7 @@ GENERATORS = {
     "TILE": ob_tile, "REORDER": ob_reorder, "SPLIT": ob_split, "CACHE": ob_cache,
     "PARALLEL": ob_parallel, "ASSOC": ob_assoc, "SPLIT-SOFTMAX": ob_split_softmax,
     "ONLINE-AGG": ob_online_agg, "MASK": ob_mask, "MAP-MMA": ob_map_mma, "FOLD-STAT": ob_fold_stat,
+    "SPLIT-KV": lambda rec, b, a: ob_split_kv(rec, b, a, _finish),
 }
 
 

@@ -11,6 +11,7 @@ import Derivc.Rules.Parallel
 import Derivc.Rules.SplitSoftmax
 import Derivc.Rules.OnlineAgg
 import Derivc.Rules.OnlineLse
+import Derivc.Rules.OnlineMerge
 import Derivc.Rules.MapMma
 import Derivc.Tactics
 import Derivc.Rules.Recompute

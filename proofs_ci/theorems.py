@@ -35,6 +35,9 @@ RULE_THEOREMS: dict[str, tuple[str, ...]] = {
     # obligation; GRAD is validated numerically)
     "SOFTMAX_VJP": ("softmax_vjp_row",),
     "FOLD_STAT": ("online_lse",),
+    # split-KV (flash-decoding): partial (m, l, acc) states of consecutive key ranges merged
+    "SPLIT_KV": ("online_split_kv_strided", "online_split_kv", "online_merge", "online_merge_splits",
+                 "online_merge_fold", "online_merge_cover", "online_merge_global"),
 }
 
 # where a reader finds each rule's proofs (Coq file, Lean file), relative to the repo root
@@ -56,6 +59,7 @@ RULE_FILES: dict[str, tuple[str, str]] = {
                             "lean/Derivc/Rules/SoftmaxBwd.lean"),
     "SOFTMAX_VJP": ("proofs_ci/coq/Rules/SoftmaxVjp.v", "lean/Derivc/Rules/SoftmaxVjp.lean"),
     "FOLD_STAT": ("proofs_ci/coq/Rules/OnlineLse.v", "lean/Derivc/Rules/OnlineLse.lean"),
+    "SPLIT_KV": ("proofs_ci/coq/Rules/OnlineMerge.v", "lean/Derivc/Rules/OnlineMerge.lean"),
 }
 
 # exp_ne_zero is a derived algebra fact (Algebra.v / Algebra.lean) used by SPLIT_SOFTMAX

@@ -34,7 +34,7 @@ from specgen import cases  # noqa: E402
 
 BEGIN = "/* ---- instruction wrappers (constructs/instr.cu.j2)"
 END = "/* ---- end of instruction wrappers ---- */"
-NO_KERNEL = {"attention_naive", "attention_tiled_two_pass"}
+NO_KERNEL = {"attention_naive", "attention_tiled_two_pass", "decode_splitkv", "decode_splitkv_gqa"}
 EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.yaml") if p.stem not in NO_KERNEL)
 GENERATED = [c for c in cases(12, seed=11) if c.mapping != "refuse"]
 

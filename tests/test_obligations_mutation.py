@@ -184,3 +184,81 @@ def test_step_changing_the_output_fails(monkeypatch, tmp_path, coq_lib):
     from proofs_ci import coqlib
 
     assert coqlib.check_obligation(tmp_path / "proofs" / index[-1]["files"]["coq"], coq_lib).returncode != 0
+
+
+# --------------------------------------------------------------------------- SPLIT-KV's merge
+
+MERGE_L = """    (add (mul (st_l a) (rescale (st_m a) (max (st_m a) (st_m b))))
+         (mul (st_l b) (rescale (st_m b) (max (st_m a) (st_m b)))))"""
+
+
+SKEY = "Definition skey (S t k j : nat) : nat := (S * (j / t) + k) * t + j mod t."
+
+
+@pytest.mark.parametrize("name,old,new", [
+    # the second range's l is not rescaled to the merged max
+    ("l2_not_rescaled", MERGE_L, """    (add (mul (st_l a) (rescale (st_m a) (max (st_m a) (st_m b))))
+         (st_l b))"""),
+    # the first range's l is not rescaled
+    ("l1_not_rescaled", MERGE_L, """    (add (st_l a)
+         (mul (st_l b) (rescale (st_m b) (max (st_m a) (st_m b)))))"""),
+    # rescaled against the range's own max instead of the merged one
+    ("stale_max", MERGE_L, """    (add (mul (st_l a) (rescale (st_m a) (st_m a)))
+         (mul (st_l b) (rescale (st_m b) (st_m b))))"""),
+    # the strided assignment without the split's offset: every split folds the same tiles
+    ("split_offset_dropped", SKEY, SKEY.replace(" + k) * t", ") * t")),
+])
+def test_split_kv_merge_dropping_a_rescale_fails(tmp_path, name, old, new):
+    """SPLIT-KV's merge of partial (m, l, acc) states with a rescale dropped (or the tiles
+    assigned wrongly): the merge theorems no longer compile."""
+    from proofs_ci import coqlib
+
+    lib = coqlib.copy_sources(ROOT / "proofs_ci" / "coq", tmp_path / "coq")
+    merge = lib / "Rules" / "OnlineMerge.v"
+    text = merge.read_text()
+    assert old in text, "the mutated definition moved: update the mutation"
+    merge.write_text(text.replace(old, new, 1))
+    with pytest.raises(coqlib.CoqError) as ei:
+        coqlib.build_library(lib)
+    assert "OnlineMerge.v" in str(ei.value)
+
+
+DECODE = ROOT / "examples" / "decode_splitkv.yaml"
+SPLIT_KV_STEP = 7  # decode_splitkv.yaml: step 7 is split_kv
+
+
+def _derive_decode():
+    return derive(load_spec_file(DECODE), str(DECODE), check=False, upto=SPLIT_KV_STEP)
+
+
+def test_split_kv_combine_passes(tmp_path, coq_lib):
+    ok = _check_steps(_derive_decode(), tmp_path, coq_lib, {SPLIT_KV_STEP})
+    assert ok[SPLIT_KV_STEP]
+
+
+@pytest.mark.parametrize("mutation", ["den_not_rescaled", "num_not_rescaled", "wrong_split"])
+def test_split_kv_combine_mutations_fail(monkeypatch, tmp_path, coq_lib, mutation):
+    """The combine with the denominator's or the numerator's rescale dropped, or reading the
+    partial accumulator of split 0 for every split: the step's obligation (the combine equals
+    the merge of the partial states, online_merge_global) fails coqc."""
+    from compiler.ir import Aff, subst_index
+
+    rule = RULES["split_kv"]
+    orig = type(rule).rewrite
+
+    def bad(self, prog, p, facts):
+        new = orig(self, prog, p, facts)
+        d = new.def_named(p.def_)
+        num, den = d.body.body.a, d.body.body.b
+        if mutation == "den_not_rescaled":
+            den = replace(den, body=den.body.a)
+        elif mutation == "num_not_rescaled":
+            num = replace(num, body=num.body.a)
+        else:
+            num = replace(num, body=Bin("*", subst_index(num.body.a, num.var, Aff.lit(0)), num.body.b))
+        return new.with_def(replace(d, body=replace(d.body, body=Bin("/", num, den))))
+
+    monkeypatch.setattr(rule, "rewrite", types.MethodType(bad, rule))
+    ok = _check_steps(_derive_decode(), tmp_path, coq_lib, {SPLIT_KV_STEP - 1, SPLIT_KV_STEP})
+    assert ok[SPLIT_KV_STEP - 1], "the step before is correct and must pass"
+    assert not ok[SPLIT_KV_STEP]

@@ -474,6 +474,7 @@ VALID_PARAMS = {
     "recompute": {"def": "P"},
     "softmax_rowterm": {"def": "dS", "probs": "P", "output": "O"},
     "fold_stat": {"def": "O", "stat": "LSE"},
+    "split_kv": {"def": "O", "index": "jo", "splits": 4},
 }
 
 

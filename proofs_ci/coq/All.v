@@ -12,6 +12,7 @@ Require Export Derivc.Rules.Parallel.
 Require Export Derivc.Rules.SplitSoftmax.
 Require Export Derivc.Rules.OnlineAgg.
 Require Export Derivc.Rules.OnlineLse.
+Require Export Derivc.Rules.OnlineMerge.
 Require Export Derivc.Rules.MapMma.
 Require Export Derivc.Tactics.
 Require Export Derivc.Rules.Recompute.
