@@ -1,0 +1,173 @@
+"""The IR's index language: affine index expressions (`Aff`), loop extents (`Ext`) and the
+comparisons that guard stores and values (`Cond`, a disjunction `Or`).  Re-exported by
+compiler.ir, where the rest of the IR lives."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping as TMapping, Union
+
+
+
+@dataclass(frozen=True)
+class Aff:
+    """An affine integer expression Σ cᵥ·v + const over index variables and size names."""
+
+    terms: tuple[tuple[str, int], ...] = ()
+    const: int = 0
+
+    @staticmethod
+    def of(name: str, coef: int = 1) -> "Aff":
+        return Aff(((name, coef),), 0) if coef else Aff()
+
+    @staticmethod
+    def lit(value: int) -> "Aff":
+        return Aff((), value)
+
+    @staticmethod
+    def build(coefs: TMapping[str, int], const: int = 0) -> "Aff":
+        return Aff(tuple(sorted((n, c) for n, c in coefs.items() if c)), const)
+
+    def coef(self, name: str) -> int:
+        return dict(self.terms).get(name, 0)
+
+    def names(self) -> frozenset[str]:
+        return frozenset(n for n, _ in self.terms)
+
+    def __add__(self, other: "Aff | int") -> "Aff":
+        other = other if isinstance(other, Aff) else Aff.lit(other)
+        coefs = dict(self.terms)
+        for n, c in other.terms:
+            coefs[n] = coefs.get(n, 0) + c
+        return Aff.build(coefs, self.const + other.const)
+
+    def __sub__(self, other: "Aff | int") -> "Aff":
+        other = other if isinstance(other, Aff) else Aff.lit(other)
+        return self + other.scale(-1)
+
+    def scale(self, k: int) -> "Aff":
+        return Aff.build({n: c * k for n, c in self.terms}, self.const * k)
+
+    def subst(self, name: str, value: "Aff") -> "Aff":
+        c = self.coef(name)
+        if not c:
+            return self
+        rest = Aff.build({n: k for n, k in self.terms if n != name}, self.const)
+        return rest + value.scale(c)
+
+    def rename(self, old: str, new: str) -> "Aff":
+        return self.subst(old, Aff.of(new))
+
+    def is_const(self) -> bool:
+        return not self.terms
+
+    def evaluate(self, env: TMapping[str, int]) -> int:
+        return self.const + sum(c * env[n] for n, c in self.terms)
+
+    def __str__(self) -> str:
+        parts: list[str] = []
+        for n, c in self.terms:
+            if c == 1:
+                parts.append(n)
+            elif c == -1:
+                parts.append(f"-{n}")
+            else:
+                parts.append(f"{c}*{n}")
+        if self.const or not parts:
+            parts.append(str(self.const))
+        return " + ".join(parts).replace("+ -", "- ")
+
+
+@dataclass(frozen=True)
+class Ext:
+    """A loop extent: min over parts of ceil(num / div).  One part is the common case."""
+
+    parts: tuple[tuple[Aff, int], ...]
+
+    @staticmethod
+    def of(num: Aff | int | str, div: int = 1) -> "Ext":
+        if isinstance(num, int):
+            num = Aff.lit(num)
+        elif isinstance(num, str):
+            num = Aff.of(num)
+        return Ext(((num, div),))
+
+    def single(self) -> tuple[Aff, int]:
+        if len(self.parts) != 1:
+            raise ValueError(f"extent {self} is a min of several parts")
+        return self.parts[0]
+
+    def const_value(self) -> int | None:
+        if all(a.is_const() for a, _ in self.parts):
+            return min(-(-a.const // d) for a, d in self.parts)
+        return None
+
+    def names(self) -> frozenset[str]:
+        out: frozenset[str] = frozenset()
+        for a, _ in self.parts:
+            out |= a.names()
+        return out
+
+    def subst(self, name: str, value: Aff) -> "Ext":
+        return Ext(tuple((a.subst(name, value), d) for a, d in self.parts))
+
+    def evaluate(self, env: TMapping[str, int]) -> int:
+        return max(0, min(-(-a.evaluate(env) // d) for a, d in self.parts))
+
+    def __str__(self) -> str:
+        def one(a: Aff, d: int) -> str:
+            if d == 1:
+                return str(a)
+            return f"ceil({a}/{d})" if len(a.terms) + bool(a.const) <= 1 else f"ceil(({a})/{d})"
+
+        if len(self.parts) == 1:
+            return one(*self.parts[0])
+        return "min(" + ", ".join(one(a, d) for a, d in self.parts) + ")"
+
+
+@dataclass(frozen=True)
+class Cond:
+    """lhs < rhs or lhs <= rhs over affine expressions."""
+
+    lhs: Aff
+    op: str
+    rhs: Aff
+
+    def __post_init__(self) -> None:
+        if self.op not in ("<", "<="):
+            raise ValueError(f"bad comparison {self.op}")
+
+    def names(self) -> frozenset[str]:
+        return self.lhs.names() | self.rhs.names()
+
+    def subst(self, name: str, value: Aff) -> "Cond":
+        return Cond(self.lhs.subst(name, value), self.op, self.rhs.subst(name, value))
+
+    def __str__(self) -> str:
+        return f"{self.lhs} {self.op} {self.rhs}"
+
+
+@dataclass(frozen=True)
+class Or:
+    """A disjunction of comparisons, one conjunct of a guard: `j <= i || j < P` (prefix-LM).
+
+    A guard stays a conjunction (a tuple); an element is a Cond or an Or of at least two Conds
+    (conjunctive normal form with atomic disjuncts).  Passes that need a half-space (a tile
+    bound, a staging fill) take Cond only and refuse an Or by name."""
+
+    parts: tuple[Cond, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.parts) < 2 or not all(isinstance(c, Cond) for c in self.parts):
+            raise ValueError("a disjunction joins at least two comparisons")
+
+    def names(self) -> frozenset[str]:
+        return frozenset().union(*(c.names() for c in self.parts))
+
+    def subst(self, name: str, value: Aff) -> "Or":
+        return Or(tuple(c.subst(name, value) for c in self.parts))
+
+    def __str__(self) -> str:  # parenthesised: it is printed inside a conjunction
+        return "(" + " || ".join(map(str, self.parts)) + ")"
+
+
+Guard = Union[Cond, Or]
