@@ -281,3 +281,22 @@ def coqc_once_per_obligation(tmp_path_factory):
         # compiled library, never the user's ~/.cache
         mp.setenv("DERIVC_COQ_CACHE", str(root / "coq-cache"))
         yield
+
+
+def spec_builder(root: Path):
+    """get(name, spec dict) -> (Derivation, derivc.load(...)): each spec built once under root,
+    without proofs (the GPU tests' check is their run against float64)."""
+    import derivc
+    from compiler.cli import build_to
+
+    cache = {}
+
+    def get(name: str, spec: dict):
+        if name not in cache:
+            path = root / f"{name}.yaml"
+            path.write_text(yaml.safe_dump(spec, sort_keys=False))
+            d = build_to(path, root / name, proofs=False)
+            cache[name] = (d, derivc.load(root / name))
+        return cache[name]
+
+    return get

@@ -178,17 +178,19 @@ def first_tile_c(conds: tuple[Cond, ...], var: str, box: Mapping[str, tuple[str,
         if isinstance(c, Or):  # the union of the parts' ranges: the least of their starts
             parts = [_start(p, var, box, names) for p in c.parts]
             if all(parts):
-                least = parts[0]
-                for s in parts[1:]:
-                    least = f"min({least}, {s})"
-                starts.append(least)
+                starts.append(_nested("min", parts))
             continue
         one = _start(c, var, box, names)
         if one:
             starts.append(one)
-    out = "0LL"
-    for s in starts:
-        out = f"max({out}, {s})"
+    return _nested("max", ["0LL", *starts])
+
+
+def _nested(fn: str, xs: list[str]) -> str:
+    """fn(fn(x0, x1), x2) ...: C's two-argument min / max over a list."""
+    out = xs[0]
+    for x in xs[1:]:
+        out = f"{fn}({out}, {x})"
     return out
 
 
@@ -220,20 +222,12 @@ def end_tile_c(conds: tuple[Cond | Or, ...], var: str, box: Mapping[str, tuple[s
         if isinstance(c, Or):
             parts = [_end(p, var, box, names) for p in c.parts]
             if all(parts):
-                greatest = parts[0]
-                for e in parts[1:]:
-                    greatest = f"max({greatest}, {e})"
-                ends.append(greatest)
+                ends.append(_nested("max", parts))
             continue
         one = _end(c, var, box, names)
         if one:
             ends.append(one)
-    if not ends:
-        return None
-    out = ends[0]
-    for e in ends[1:]:
-        out = f"min({out}, {e})"
-    return out
+    return _nested("min", ends) if ends else None
 
 
 def _end(c: Cond, var: str, box: Mapping[str, tuple[str, str]], names: Mapping[str, str]) -> str:

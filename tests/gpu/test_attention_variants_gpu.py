@@ -52,21 +52,9 @@ VARIANTS = WGMMA + MMA_SYNC
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    import derivc
-    from compiler.cli import build_to
+    from derivc_testing import spec_builder
 
-    root = tmp_path_factory.mktemp("variants")
-    cache = {}
-
-    def get(name: str, spec: dict):
-        if name not in cache:
-            path = root / f"{name}.yaml"
-            path.write_text(yaml.safe_dump(spec, sort_keys=False))
-            d = build_to(path, root / name, proofs=False)
-            cache[name] = (d, derivc.load(root / name))
-        return cache[name]
-
-    return get
+    return spec_builder(tmp_path_factory.mktemp("variants"))
 
 
 @pytest.mark.parametrize("name,spec", VARIANTS, ids=[n for n, _ in VARIANTS])

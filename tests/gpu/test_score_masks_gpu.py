@@ -60,21 +60,9 @@ GENERATED = [_spec("flash_attention_wgmma", m, s, f"_gen{n}") for n, s in enumer
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    import derivc
-    from compiler.cli import build_to
+    from derivc_testing import spec_builder
 
-    root = tmp_path_factory.mktemp("scores")
-    cache = {}
-
-    def get(name: str, spec: dict):
-        if name not in cache:
-            path = root / f"{name}.yaml"
-            path.write_text(yaml.safe_dump(spec, sort_keys=False))
-            d = build_to(path, root / name, proofs=False)
-            cache[name] = (d, derivc.load(root / name))
-        return cache[name]
-
-    return get
+    return spec_builder(tmp_path_factory.mktemp("scores"))
 
 
 def _run(built, name, spec, n, seed, scale, sizes_extra=None):
