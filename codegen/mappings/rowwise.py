@@ -57,9 +57,9 @@ class RowPlan:
 
     threads: int  # threads that own columns (the PARALLEL count)
     block: int  # threads per block (a whole number of warps)
-    row: int  # C, the row length (elements)
-    vec: int  # elements per vector access
-    sweeps: int  # vectors per thread
+    row: int | None  # C, the row length (elements); None: dynamic, a kernel argument
+    vec: int  # elements per vector access (a dynamic row: where aligned, else 1)
+    sweeps: int | None  # vectors per thread (None: as many as the row takes)
     tail: bool  # the last sweep is partly past the row end (guarded)
     rows_cached: tuple[str, ...]
     reductions: tuple[str, ...]
@@ -87,7 +87,8 @@ def _fixed(a: Aff, k: Kernel) -> int | None:
 
 
 class _Printer:
-    def __init__(self, k: Kernel):
+    def __init__(self, k: Kernel, vec: int | None = None):
+        """vec: the vector width of a row of dynamic length (the caller prints one body per width)."""
         self.k = k
         if len(k.lanes) != 1:
             raise _refuse(f"the kernel is not one row per block: {len(k.lanes)} lane dimensions (one column loop expected)")
@@ -105,9 +106,21 @@ class _Printer:
         for g in k.grid:
             self.names[g.var] = f"v_{g.var}"
         width = min(DTYPES[t.dtype].bytes for t in k.tensors)
-        self.vec = next(v for v in (16 // width, 8, 4, 2, 1) if v <= 16 // width and self.row % v == 0)
-        self.sweeps = -(-self.row // (self.threads * self.vec))
-        self.tail = self.row % (self.threads * self.vec) != 0 or self.block != self.threads
+        if self.row is None:  # a dynamic row: threads stride over it, every sweep guarded
+            num, div = lane.ext.parts[0] if len(lane.ext.parts) == 1 else (None, 0)
+            if div != 1:
+                raise _refuse(f"the row length {lane.ext} is not a size expression")
+            self.row_aff = num
+            self.row_c = f"(long long){aff_c(num, self.names)}"
+            self.vec = vec or 1
+            self.sweeps: int | None = None
+            self.tail = True
+        else:
+            self.row_aff = Aff.lit(self.row)
+            self.row_c = f"{self.row}LL"
+            self.vec = next(v for v in (16 // width, 8, 4, 2, 1) if v <= 16 // width and self.row % v == 0)
+            self.sweeps = -(-self.row // (self.threads * self.vec))
+            self.tail = self.row % (self.threads * self.vec) != 0 or self.block != self.threads
         self.cached: dict[str, str] = {}  # row buffer -> source tensor
         self.scalars: set[str] = set()
         self.states: set[str] = set()
@@ -145,8 +158,8 @@ class _Printer:
         return " + ".join(parts + [last])
 
     def row_dim_ok(self, name: str) -> None:
-        n = _fixed(self.k.tensor(name).dims[-1], self.k)
-        if n != self.row:
+        dim = self.k.tensor(name).dims[-1]
+        if (dim != self.row_aff) if self.row is None else (_fixed(dim, self.k) != self.row):
             raise _refuse(f"tensor {name}'s last dimension {self.k.tensor(name).dims[-1]} is not the row length {self.row}")
 
     def load_vec(self, name: str, off: str, dst: str, stream: bool = False) -> list[str]:
@@ -207,11 +220,14 @@ class _Printer:
             _, _, kt = self.tile
             head = ["#pragma unroll", f"for (int kk = 0; kk < {kt}; ++kk) {{",
                     f"    const int k = co_ * {kt} + kk;"]
+        elif self.sweeps is None:  # a dynamic row: as many sweeps as it takes
+            head = ["#pragma unroll 1",
+                    f"for (int k = 0; (long long)k * {self.threads * self.vec} < {self.row_c}; ++k) {{"]
         else:
             head = ["#pragma unroll", f"for (int k = 0; k < {self.sweeps}; ++k) {{"]
         head.append(f"    const long long col0 = ((long long)k * {self.threads} + threadIdx.x) * {self.vec};")
         if self.tail:
-            live = f"col0 < {self.row}LL" + (f" && threadIdx.x < {self.threads}" if self.block != self.threads else "")
+            live = f"col0 < {self.row_c}" + (f" && threadIdx.x < {self.threads}" if self.block != self.threads else "")
             return head + [f"    if ({live}) {{"] + ["        " + x for x in body] + ["    }", "}"]
         return head + ["    " + x for x in body] + ["}"]
 
@@ -339,10 +355,11 @@ class _Printer:
         if e.mma is not None:
             raise _refuse(f"the row reduction over {e.var} is mapped to {e.mma.instr}")
         n = e.ext.single()[0] if len(e.ext.parts) == 1 and e.ext.parts[0][1] == 1 else None
+        spans_row = n is not None and (n == self.row_aff if self.row is None else _fixed(n, self.k) == self.row)
         n = _fixed(n, self.k) if n is not None else None
         tile = self.tile is not None and n == self.tile[1] and any(
             isinstance(x, Read) and x.tensor in self.tilebufs for x in walk(e.body))
-        if n != self.row and not tile:
+        if not spans_row and not tile:
             raise _refuse(f"the reduction over {e.var} < {e.ext} spans neither the row of {self.row} columns "
                           "nor a tile buffer of the current tile")
         loads, value = self.elementwise(e.body, e.var, tile)
@@ -358,6 +375,8 @@ class _Printer:
     # ------------------------------------------------------------------ statements
     def stage(self, s: Stage) -> None:
         b = s.buf
+        if self.row is None:
+            raise _refuse(f"staged buffer {b.name}: a row of dynamic length {self.row_aff} has no register copy")
         if len(b.dims) != 1 or b.dims[0][1] != self.row:
             raise _refuse(f"staged buffer {b.name} is not one row of {self.row} elements")
         if b.level != "register":
@@ -400,6 +419,8 @@ class _Printer:
     def tile_loop(self, s: TileLoop) -> None:
         if self.tile is not None:
             raise _refuse(f"tile loop over {s.var} inside another tile loop")
+        if self.row is None:
+            raise _refuse(f"tile loop over {s.var}: the row's length {self.row_aff} is dynamic (a fold unrolls fixed tiles)")
         n = _fixed(s.ext.single()[0], self.k) if len(s.ext.parts) == 1 else None
         tiles = -(-n // s.ext.parts[0][1]) if n is not None else None
         if tiles is None:
@@ -458,8 +479,8 @@ def render(k: Kernel, options: tuple[str, ...]) -> tuple[KernelSource, Launch, R
         raise _refuse(f"index {exc.args[0]}") from None
 
 
-def _render(k: Kernel, options: tuple[str, ...]) -> tuple[KernelSource, Launch, RowPlan]:
-    p = _Printer(k)
+def _body(k: Kernel, vec: int | None = None) -> _Printer:
+    p = _Printer(k, vec)
     for s in k.body:
         if isinstance(s, Stage):
             p.stage(s)
@@ -470,6 +491,31 @@ def _render(k: Kernel, options: tuple[str, ...]) -> tuple[KernelSource, Launch, 
         else:
             raise _refuse(f"statement {type(s).__name__}")
     p.store()
+    return p
+
+
+def _aligned(k: Kernel, p: _Printer) -> str:
+    """The condition under which a row of dynamic length takes p's vector accesses: the row
+    length a multiple of the vector, every tensor's base aligned to its access (a piece)."""
+    conds = [f"{p.row_c} % {p.vec} == 0"]
+    for t in k.tensors:
+        piece = min(16, DTYPES[t.dtype].bytes * p.vec)
+        conds.append(f"reinterpret_cast<unsigned long long>(p_{t.name}) % {piece} == 0")
+    return " && ".join(conds)
+
+
+def _render(k: Kernel, options: tuple[str, ...]) -> tuple[KernelSource, Launch, RowPlan]:
+    p = _body(k)
+    lines = p.lines
+    if p.row is None:
+        # one body per vector width: 16-byte accesses where the row length and the bases allow,
+        # one element per access otherwise (any width; the same arithmetic in the same order
+        # per element, only the columns a thread owns differ)
+        wide = _body(k, 16 // min(DTYPES[t.dtype].bytes for t in k.tensors))
+        if wide.vec > 1:
+            lines = ([f"if ({_aligned(k, wide)}) {{"] + ["    " + x for x in wide.lines] + ["} else {"]
+                     + ["    " + x for x in p.lines] + ["}"])
+            p = wide
     out = k.output
     params = [f"const {DTYPES[t.dtype].ctype}* __restrict__ p_{t.name}" for t in k.inputs]
     params.append(f"{DTYPES[out.dtype].ctype}* __restrict__ p_{out.name}")
@@ -477,7 +523,10 @@ def _render(k: Kernel, options: tuple[str, ...]) -> tuple[KernelSource, Launch, 
     grid = [f"const long long v_{g.var} = blockIdx.{g.axis};" for g in k.grid]
     plan = RowPlan(p.threads, p.block, p.row, p.vec, p.sweeps, p.tail, tuple(p.cached), tuple(p.reductions), p.stream)
     ctx = dict(kname=k.name, threads=p.block, params=", ".join(params), grid=grid,
-               body=p.lines, summary=f"rowwise: {p.threads} threads per row, {p.sweeps} x {p.vec} elements per thread")
+               body=lines, summary=f"rowwise: {p.threads} threads per row, "
+                                   + (f"{p.sweeps} x {p.vec} elements per thread" if p.sweeps else
+                                      f"a row of dynamic length {p.row_aff} in sweeps of {p.threads} x {p.vec} "
+                                      "(x 1 where unaligned)"))
     src = render_template("rowwise.cu.j2", ctx)
     ks = KernelSource(src, k.name, tuple(t.name for t in k.tensors) + k.dynamic(), p.block, 0, options)
     launch = Launch(tuple((g.axis, g.ext) for g in k.grid), p.block, 0, tuple(t.name for t in k.tensors), k.dynamic())
@@ -495,7 +544,7 @@ def _print(k: Kernel, options: tuple[str, ...]):
 def _register() -> None:
     from .registry import Mapping, register
 
-    register(Mapping(NAME, "rowwise", None, _print))
+    register(Mapping(NAME, "rowwise", None, _print, dynamic_lanes=True))
 
 
 _register()
