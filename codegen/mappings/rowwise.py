@@ -30,10 +30,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from compiler.ir import Aff, Bin, Const, Expr, IndexValue, Read, Reduce, Select, Un, walk
+from compiler.ir import Mapping as IrMapping
 from compiler.machine import DTYPES
 
 from .cexpr import aff_c, conds_c, float_const_c, gt_c, index_value_c, size_names, unary_c
-from ..kir.ir import Compute, Kernel, Stage, TileLoop
+from ..kir.ir import Compute, Kernel, LaneDim, Stage, TileLoop, sub_expressions
 from ..kir.lower import UnsupportedMapping
 from ..source import KernelSource, Launch
 from .templates_env import render_template
@@ -49,6 +50,25 @@ _RAW = {16: "uint4", 8: "uint2", 4: "unsigned", 2: "unsigned short"}
 
 def _refuse(what: str) -> UnsupportedMapping:
     return UnsupportedMapping(f"rowwise mapping: {what}")
+
+
+# threads per row of a kernel that stores one value per row (no column loop to map): an
+# instruction choice of this printer, like the vector width
+PER_ROW_THREADS = 256
+# sweeps over a row (not a register row) unrolled in full up to this many
+MAX_UNROLLED_SWEEPS = 16
+
+
+def _row_of_reductions(k: Kernel) -> LaneDim:
+    """The row of a kernel with no lane (loss[r] = … sum(k < C: …) …): the one extent of its
+    reductions, which the block's threads stride over (a stand-in lane the store never uses)."""
+    exts = {x.ext for x in sub_expressions(k) if isinstance(x, Reduce)}
+    if len(exts) != 1 or any(isinstance(s, TileLoop) for s in k.body):
+        raise _refuse(f"the kernel is not one row per block: no lane, and {len(exts)} reduction extents "
+                      f"({', '.join(sorted(map(str, exts)))}) or a tile loop")
+    ext = exts.pop()
+    fixed = _fixed(ext.single()[0], k) if len(ext.parts) == 1 and ext.parts[0][1] == 1 else None
+    return LaneDim("col_", fixed, IrMapping("thread", "", PER_ROW_THREADS), None if fixed else ext)
 
 
 @dataclass(frozen=True)
@@ -90,9 +110,9 @@ class _Printer:
     def __init__(self, k: Kernel, vec: int | None = None):
         """vec: the vector width of a row of dynamic length (the caller prints one body per width)."""
         self.k = k
-        if len(k.lanes) != 1:
+        if len(k.lanes) > 1:
             raise _refuse(f"the kernel is not one row per block: {len(k.lanes)} lane dimensions (one column loop expected)")
-        lane = k.lanes[0]
+        lane = k.lanes[0] if k.lanes else _row_of_reductions(k)
         m = lane.mapping
         if m is None or m.level != "thread" or not m.count:
             raise _refuse(f"the kernel is not one row per block: column loop {lane.var} is not mapped to threads "
@@ -100,6 +120,7 @@ class _Printer:
         if m.count > 1024:
             raise _refuse(f"{m.count} threads per row is more than a block (1024)")
         self.col, self.row, self.threads = lane.var, lane.extent, m.count
+        self.per_row = not k.lanes  # one value per row: the store is a scalar
         self.block = -(-m.count // 32) * 32  # threads past the count own no column
         self.grid_vars = {g.var for g in k.grid}
         self.names = size_names(k.sizes)
@@ -224,7 +245,11 @@ class _Printer:
             head = ["#pragma unroll 1",
                     f"for (int k = 0; (long long)k * {self.threads * self.vec} < {self.row_c}; ++k) {{"]
         else:
-            head = ["#pragma unroll", f"for (int k = 0; k < {self.sweeps}; ++k) {{"]
+            # unrolled when it indexes a register row (xb_) or is short; a long sweep over global
+            # memory (a vocabulary-wide row) unrolled would only spill
+            registers = any("xb_" in x or "tb_" in x for x in body)
+            unroll = "#pragma unroll" if registers or self.sweeps <= MAX_UNROLLED_SWEEPS else "#pragma unroll 4"
+            head = [unroll, f"for (int k = 0; k < {self.sweeps}; ++k) {{"]
         head.append(f"    const long long col0 = ((long long)k * {self.threads} + threadIdx.x) * {self.vec};")
         if self.tail:
             live = f"col0 < {self.row_c}" + (f" && threadIdx.x < {self.threads}" if self.block != self.threads else "")
@@ -459,6 +484,15 @@ class _Printer:
 
     def store(self) -> None:
         st, out = self.k.store, self.k.output
+        if self.per_row:
+            lead = self.row_lead(Read(st.tensor, st.index + (Aff.lit(0),)), "the store")
+            if st.guard:
+                raise _refuse(f"the store is guarded ({' && '.join(map(str, st.guard))})")
+            value = self.scalar(st.value)
+            dt = DTYPES[out.dtype]
+            off = " + ".join(f"(long long){aff_c(a, self.names)} * {s}" for a, s in zip(lead, self.strides(out.name)))
+            self.lines.append(f"if (threadIdx.x == 0) p_{out.name}[{off or '0'}] = f32_to_{dt.name}({value});")
+            return
         if st.guard:
             raise _refuse(f"the store is guarded ({' && '.join(map(str, st.guard))}); a row store writes the whole row")
         if not st.index or st.index[-1] != Aff.of(self.col):
