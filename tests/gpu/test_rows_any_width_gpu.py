@@ -50,3 +50,25 @@ def test_dynamic_softmax_against_torch_float64(tmp_path, C, offset):
     err = (y.double() - ref).abs().max().item()
     assert err <= 2e-3, err  # fp16 output of values in [0, 1]
     assert torch.allclose(y.double().sum(-1), torch.ones(R, dtype=torch.float64, device="cuda"), atol=5e-3)
+
+
+@pytest.mark.parametrize("C", [50257, 1, 7, 1000, 4097, 128256])
+def test_cross_entropy_against_torch_float64(tmp_path, C):
+    """The fused cross-entropy forward (examples/cross_entropy.yaml at C = 50257; `C: dynamic`
+    for the other widths) with integer targets, logits x1 and x8."""
+    spec = load_spec("cross_entropy")
+    if C != 50257:
+        spec["sizes"]["C"] = "dynamic"
+        spec["check_sizes"] = {"R": 2, "C": 1001}
+        spec["name"] = "cross_entropy_dynamic"
+    _, k, mapping = build(spec, tmp_path)
+    assert mapping == "rowwise"
+    for R, scale in ((1, 1.0), (77, 1.0), (64, 8.0)):
+        gen = torch.Generator(device="cuda").manual_seed(C + R)
+        x = (torch.randn(R, C, device="cuda", generator=gen, dtype=torch.float32) * scale).to(torch.float16)
+        t = torch.randint(0, C, (R,), device="cuda", generator=gen)
+        loss = k(x, t.to(torch.float32))
+        torch.cuda.synchronize()
+        ref = torch.nn.functional.cross_entropy(x.double(), t, reduction="none")
+        err = (loss.double() - ref).abs().max().item()
+        assert err <= 1e-4 * max(1.0, ref.abs().max().item()), (R, scale, err)
