@@ -7,7 +7,11 @@ refused by name and the next mapping — SIMT — prints the kernel):
 - the grid enumerates rows (any grid variables); ONE lane dimension, the column c < C of the
   row, mapped to `thread(NT)` by PARALLEL: thread t owns the vectors (k·NT + t)·V … + V−1 of
   the row (V elements per 16-byte access at most, V divides C; a last partial sweep and the
-  threads past NT in a block of whole warps are guarded);
+  threads past NT in a block of whole warps are guarded).  A row of dynamic length (a lane of
+  dynamic extent) is swept at run time, every sweep guarded, printed twice: V = 16 bytes where
+  C % V == 0 and every base is aligned, V = 1 otherwise; its reused rows keep a register prefix
+  (rowwise_dynamic.py).  A kernel with NO lane that stores one value per row (a loss) strides
+  PER_ROW_THREADS threads over the one extent of its reductions; thread 0 stores;
 - `stage` of a whole row `T[lead, r0]`, r0 < C, at the register level (the CACHE of the row):
   each thread loads its own vectors once and keeps them as floats;
 - `compute` of a scalar whose value is built from constants, sizes, earlier scalars, per-row
@@ -23,7 +27,8 @@ refused by name and the next mapping — SIMT — prints the kernel):
 Element-wise values read the cached rows at their own column, other tensors at [lead…, column]
 (vector loads) or at a per-row index (one load), scalars, sizes and the column as a value.
 Reading a cached row at another column, a reduction inside an element-wise value, a buffer with
-more than one dimension, a shared-memory row, or a dynamic row length is refused by name.
+more than one dimension, a shared-memory row, a register row or a tile loop over a row of
+dynamic length is refused by name.
 """
 from __future__ import annotations
 
@@ -34,6 +39,7 @@ from compiler.ir import Mapping as IrMapping
 from compiler.machine import DTYPES
 
 from .cexpr import aff_c, conds_c, float_const_c, gt_c, index_value_c, size_names, unary_c
+from .rowwise_dynamic import DynamicRowSweeps
 from ..kir.ir import Compute, Kernel, LaneDim, Stage, TileLoop, sub_expressions
 from ..kir.lower import UnsupportedMapping
 from ..source import KernelSource, Launch
@@ -106,7 +112,7 @@ def _fixed(a: Aff, k: Kernel) -> int | None:
     return a.const if a.is_const() else None
 
 
-class _Printer:
+class _Printer(DynamicRowSweeps):
     def __init__(self, k: Kernel, vec: int | None = None):
         """vec: the vector width of a row of dynamic length (the caller prints one body per width)."""
         self.k = k
@@ -142,6 +148,7 @@ class _Printer:
             self.vec = next(v for v in (16 // width, 8, 4, 2, 1) if v <= 16 // width and self.row % v == 0)
             self.sweeps = -(-self.row // (self.threads * self.vec))
             self.tail = self.row % (self.threads * self.vec) != 0 or self.block != self.threads
+        self.init_dynamic(k, self.col)
         self.cached: dict[str, str] = {}  # row buffer -> source tensor
         self.scalars: set[str] = set()
         self.states: set[str] = set()
@@ -241,9 +248,6 @@ class _Printer:
             _, _, kt = self.tile
             head = ["#pragma unroll", f"for (int kk = 0; kk < {kt}; ++kk) {{",
                     f"    const int k = co_ * {kt} + kk;"]
-        elif self.sweeps is None:  # a dynamic row: as many sweeps as it takes
-            head = ["#pragma unroll 1",
-                    f"for (int k = 0; (long long)k * {self.threads * self.vec} < {self.row_c}; ++k) {{"]
         else:
             # unrolled when it indexes a register row (xb_) or is short; a long sweep over global
             # memory (a vocabulary-wide row) unrolled would only spill
@@ -317,9 +321,12 @@ class _Printer:
                 raise _refuse(f"{x.tensor} is read at column {last}, not at {var}")
             lead = self.row_lead(x, f"read of {x.tensor}")
             self.row_dim_ok(x.tensor)
-            dst = self.fresh("rd_")
-            loads += self.load_vec(x.tensor, self.offset(x.tensor, lead, "col0"), dst)
-            seen[x] = f"{dst}[j]"
+            off = self.offset(x.tensor, lead, "col0")
+            reg = self.register_read((x.tensor, lead), lambda dst: self.load_vec(x.tensor, off, dst), loads)
+            if reg is None:
+                dst = self.fresh("rd_")
+                loads += self.load_vec(x.tensor, off, dst)
+            seen[x] = reg or f"{dst}[j]"
         else:
             sizes = {n for n, _ in self.k.sizes}
             for a in x.idx:
@@ -387,12 +394,16 @@ class _Printer:
         if not spans_row and not tile:
             raise _refuse(f"the reduction over {e.var} < {e.ext} spans neither the row of {self.row} columns "
                           "nor a tile buffer of the current tile")
-        loads, value = self.elementwise(e.body, e.var, tile)
         acc = self.fresh("red_")
         init, step = ("0.0f", f"{acc} += v_;") if e.op == "sum" else ("neg_inf()", f"{acc} = fmaxf({acc}, v_);")
+
+        def body() -> list[str]:
+            loads, value = self.elementwise(e.body, e.var, tile)
+            return loads + ["#pragma unroll", f"for (int j = 0; j < {self.vec}; ++j) {{",
+                            f"    const float v_ = {value}; {step}", "}"]
+
         self.lines.append(f"float {acc} = {init};")
-        self.lines += self.sweep(loads + ["#pragma unroll", f"for (int j = 0; j < {self.vec}; ++j) {{",
-                                          f"    const float v_ = {value}; {step}", "}"], tile)
+        self.lines += self.sweep_dynamic(body) if self.sweeps is None else self.sweep(body(), tile)
         self.lines.append(f"{acc} = block_{e.op}<{self.block // 32}>({acc}, red_smem_);")
         self.reductions.append(f"{e.op} over {e.var}")
         return acc
@@ -499,10 +510,13 @@ class _Printer:
             raise _refuse(f"the store {st.tensor}[{', '.join(map(str, st.index))}] does not write column {self.col} last")
         lead = self.row_lead(Read(st.tensor, st.index), "the store")
         self.row_dim_ok(out.name)
-        loads, value = self.elementwise(st.value, self.col)
-        body = loads + [f"float ov_[{self.vec}];", "#pragma unroll", f"for (int j = 0; j < {self.vec}; ++j) ov_[j] = {value};"]
-        body += self.store_vec(out.name, self.offset(out.name, lead, "col0"), [f"ov_[{j}]" for j in range(self.vec)])
-        self.lines += self.sweep(body)
+
+        def body() -> list[str]:
+            loads, value = self.elementwise(st.value, self.col)
+            out_ = loads + [f"float ov_[{self.vec}];", "#pragma unroll", f"for (int j = 0; j < {self.vec}; ++j) ov_[j] = {value};"]
+            return out_ + self.store_vec(out.name, self.offset(out.name, lead, "col0"), [f"ov_[{j}]" for j in range(self.vec)])
+
+        self.lines += self.sweep_dynamic(body) if self.sweeps is None else self.sweep(body())
 
 
 def render(k: Kernel, options: tuple[str, ...]) -> tuple[KernelSource, Launch, RowPlan]:
