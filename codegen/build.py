@@ -55,7 +55,7 @@ def lower_checked(program: Program, name: str, sizes: dict[str, int], seed: int)
     record = {
         "index": None, "rule": "lowering", "kind": "LOWERING", "params": {}, "theorem": None,
         "facts": {"kernel": kernel.name, "grid": [f"{g.var} < {g.ext} @{g.axis}" for g in kernel.grid],
-                  "lanes": [f"{ln.var} < {ln.extent}" for ln in kernel.lanes]},
+                  "lanes": [f"{ln.var} < {ln.bound()}" for ln in kernel.lanes]},
         "validated": "numerically: kernel-IR interpreter vs the final program (no proof export yet)",
         "numeric": {**check, "tolerance": TOLERANCE, "passed": ok},
     }

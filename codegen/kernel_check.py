@@ -102,13 +102,18 @@ def wide_sizes(printed: Printed, sizes: dict[str, int], tiles: dict[str, int]) -
     """Sizes that reach what the check sizes do not: every tiled dynamic size at 4.5 tiles of its
     largest tile rounded up to a multiple of 8 (aligned rows: the unguarded main loops and the
     TMA kernels; five tiles: every pipeline ring of up to four stages wraps; still a partial last
-    tile), every other dynamic size that an input's shape gives at 1 (batch dims: the cost)."""
+    tile), the length of a lane threads stride over (a dynamic row) rounded up to a multiple of 8
+    (its vector path), every other dynamic size that an input's shape gives at 1 (batch dims: the
+    cost)."""
     dyn = set(printed.kernel.dynamic())
     given = given_sizes(printed, sizes)
+    strided = {n for ln in printed.kernel.lanes if ln.extent is None for n in ln.ext.names()}
     out = dict(sizes)
     for n in dyn:
         if n in tiles:
             out[n] = -(-(4 * tiles[n] + tiles[n] // 2 + 1) // 8) * 8
+        elif n in strided:
+            out[n] = -(-max(1, sizes[n]) // 8) * 8
         elif n not in given:
             out[n] = 1
     return out

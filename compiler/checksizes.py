@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import SpecError
+from .checkcost import program_points
 from .lower_spec import MAX_CHECK_POINTS
 from .ir import Aff, Cond, Def, Ext, Fold, Program, Reduce, Select, Softmax, walk
 from .spec import SpecFile
@@ -202,18 +203,5 @@ def check_size_notes(
 
 
 def _largest_space(prog: Program, sizes: dict[str, int]) -> int:
-    """Points in the largest loop nest × reduction of IR₀ (what the interpreter materialises)."""
-    best = 1
-    for d in prog.defs:
-        n = 1
-        for lp in d.loops:
-            n *= max(1, lp.ext.evaluate(sizes))
-        inner = 1
-        for e in walk(d.body):
-            if isinstance(e, (Reduce, Softmax, Fold)):
-                try:
-                    inner = max(inner, e.ext.evaluate(sizes))
-                except KeyError:
-                    pass
-        best = max(best, n * inner)
-    return best
+    """Points of the largest array the interpreter materialises for IR₀ (compiler/checkcost.py)."""
+    return program_points(prog, sizes)

@@ -249,7 +249,8 @@ def _check_work(spec: SpecFile, prog: Program) -> None:
 
     The sizes are estimated as choose_check_sizes picks them: check_sizes, then fixed sizes, then
     1.5 tiles for a dynamic size a step tiles directly (an index of IR₀), 5 for the others."""
-    from .ir import Fold, walk
+    from .checkcost import def_points
+    from .ir import walk
 
     over: dict[tuple[str, str], str] = {}  # (definition, index of IR₀) → the size it ranges over
     for d in prog.defs:
@@ -268,10 +269,7 @@ def _check_work(spec: SpecFile, prog: Program) -> None:
              for n, v in prog.sizes}
 
     def points(d: Def) -> int:
-        n = 1
-        for lp in d.loops:
-            n *= max(1, lp.ext.evaluate(sizes))
-        return n * max([x.ext.evaluate(sizes) for x in walk(d.body) if isinstance(x, (Reduce, Softmax, Fold))] + [1])
+        return def_points(d, sizes)
 
     untiled = [n for n, v in prog.sizes if v is None and n not in tiles and n not in spec.check_sizes]
     if untiled and max(points(d) for d in prog.defs) > 2_000_000:  # as choose_check_sizes shrinks them

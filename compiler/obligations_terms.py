@@ -390,6 +390,8 @@ class Exporter:
             (a, ta), (b, tb) = self.texpr(e.a, env), self.texpr(e.b, env)
             if e.op == "+" and EXT in (ta, tb) and FIN in (ta, tb):  # M + log L with M maybe -inf
                 return (A("eadd", a, b) if ta == EXT else A("eadd", b, a)), EXT
+            if e.op == "-" and ta == EXT and tb == FIN:  # (M + log L) - x: -inf - x is -inf
+                return A("eadd", a, A("neg", b)), EXT
             if e.op == "max":
                 return A("max", self.lift(a, ta, EXT), self.lift(b, tb, EXT)), EXT
             if e.op == "rescale":

@@ -420,12 +420,6 @@ def test_check_budget_accepts_every_example_without_check_sizes(example):
     derivc would choose itself."""
     import yaml as _yaml
 
-    if example.stem in ("softmax_two_pass", "softmax_online"):
-        # the estimate counts a softmax over 8192 columns as 8192 steps per point (2.0e8 points at
-        # R = 3); the interpreter shares the row sums (R = 8 runs in 0.02 s): these examples give
-        # check_sizes {R: 1}.  Left to the estimate's owner.
-        pytest.skip("the work estimate over-counts a row softmax of 8192 columns; the example gives check_sizes")
-
     from compiler.lower_spec import lower_spec
 
     doc = _yaml.safe_load(example.read_text())

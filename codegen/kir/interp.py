@@ -265,7 +265,7 @@ def run_kernel_outputs(k: Kernel, sizes: Mapping[str, int], tensors: Mapping[str
             raise KirError(f"grid extent of {g.var} varies")
         env.bind(g.var, int(n.arr))
     for ln in k.lanes:
-        env.bind(ln.var, ln.extent)
+        env.bind(ln.var, ln.extent if ln.extent is not None else ln.ext.evaluate(sizes))
     env.run(k.body)
     return {st.tensor: _store(env, k, st, sizes) for st in k.stores}
 

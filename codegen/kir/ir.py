@@ -58,11 +58,19 @@ class GridDim:
 
 @dataclass(frozen=True)
 class LaneDim:
-    """A coordinate of the block's output tile: var < extent, spread over warps / threads."""
+    """A coordinate of the block's output tile: var < extent, spread over warps / threads.
+
+    extent None: a lane of dynamic extent var < ext (sizes only), which only a thread-strided
+    lane has (PARALLEL to threads with a count: thread t runs var = t, t + count, … below ext);
+    a mapping prints it or is refused by name (registry: `dynamic_lanes`)."""
 
     var: str
-    extent: int
+    extent: int | None
     mapping: Mapping | None = None
+    ext: Ext | None = None
+
+    def bound(self) -> str:
+        return str(self.extent) if self.extent is not None else str(self.ext)
 
 
 @dataclass(frozen=True)
@@ -214,7 +222,7 @@ def show_kernel(k: Kernel) -> str:
     sizes = ", ".join(f"{n}={'?' if v is None else v}" for n, v in k.sizes)
     args = "; ".join(f"{'out ' if t.output else ''}{t.name}[{', '.join(map(str, t.dims))}] : {t.dtype}" for t in k.tensors)
     grid = ", ".join(f"{g.var} < {g.ext} @{g.axis}" for g in k.grid)
-    lanes = ", ".join(f"{ln.var} < {ln.extent}" + (f" @{ln.mapping}" if ln.mapping else "") for ln in k.lanes)
+    lanes = ", ".join(f"{ln.var} < {ln.bound()}" + (f" @{ln.mapping}" if ln.mapping else "") for ln in k.lanes)
     lines = [f"kernel {k.name}", f"  sizes {sizes}", f"  tensors {args}", f"  grid {grid}", f"  lanes {lanes}"]
     lines += block(k.body, "  ")
     for st in k.stores:

@@ -4,7 +4,8 @@ The translation is structural, never by names:
 
 - the definition's loops mapped to the grid (PARALLEL) become the grid, in loop-nest order (loops
   sharing a CUDA axis enumerate its blocks row-major in that order); every other loop is a
-  lane dimension of the block's output tile and needs a fixed extent (TILE made it one);
+  lane dimension of the block's output tile and needs a fixed extent (TILE made it one), except
+  a loop over a dynamic size mapped to threads with a count (the threads stride over it);
 - a `Let` at a statement position becomes a `Stage` (a CACHE copy of a tensor) or a `Compute`
   (a register tile), with its dimensions, level and stages;
 - a `Fold` becomes a `TileLoop` whose state, initial values and updates are the fold's own
@@ -224,6 +225,10 @@ def lower(prog: Program, name: str) -> Kernel:
             grid_vars.add(lp.var)
         else:
             n = fixed_extent(lp.ext, prog)
+            m = lp.mapping
+            if n is None and m is not None and m.level == "thread" and m.count and lp.ext.names() <= sizes:
+                lanes.append(LaneDim(lp.var, None, m, lp.ext))  # threads stride over a dynamic extent
+                continue
             if n is None:
                 raise LoweringError(f"loop {lp.var} < {lp.ext} is not mapped to the grid and has no fixed extent: "
                                     "a thread block needs a fixed tile (TILE it, then PARALLEL the outer loop)")

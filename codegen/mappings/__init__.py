@@ -52,6 +52,10 @@ def print_kernel(k: Kernel, options: tuple[str, ...]) -> Printed:
             reasons.append(f"{m.name}: does not print the kernel's further outputs "
                            f"({', '.join(st.tensor for st in k.also)})")
             continue
+        dynamic = [f"{ln.var} < {ln.ext}" for ln in k.lanes if ln.extent is None]
+        if dynamic and not m.dynamic_lanes:
+            reasons.append(f"{m.name}: does not print a lane of dynamic extent ({', '.join(dynamic)})")
+            continue
         try:
             return m.render(k, options)
         except UnsupportedMapping as exc:

@@ -38,6 +38,9 @@ class Mapping:
     # whether the printer writes a kernel IR's further outputs (`Kernel.also`); the others refuse
     # such a kernel by name before printing
     prints_also: bool = False
+    # whether the printer prints a lane of dynamic extent (`LaneDim.extent` None); the others
+    # refuse such a kernel by name before printing
+    dynamic_lanes: bool = False
 
 
 REGISTRY: dict[tuple[str, str | None], Mapping] = {}

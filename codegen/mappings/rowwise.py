@@ -7,7 +7,11 @@ refused by name and the next mapping — SIMT — prints the kernel):
 - the grid enumerates rows (any grid variables); ONE lane dimension, the column c < C of the
   row, mapped to `thread(NT)` by PARALLEL: thread t owns the vectors (k·NT + t)·V … + V−1 of
   the row (V elements per 16-byte access at most, V divides C; a last partial sweep and the
-  threads past NT in a block of whole warps are guarded);
+  threads past NT in a block of whole warps are guarded).  A row of dynamic length (a lane of
+  dynamic extent) is swept at run time, every sweep guarded, printed twice: V = 16 bytes where
+  C % V == 0 and every base is aligned, V = 1 otherwise; its reused rows keep a register prefix
+  (rowwise_dynamic.py).  A kernel with NO lane that stores one value per row (a loss) strides
+  PER_ROW_THREADS threads over the one extent of its reductions; thread 0 stores;
 - `stage` of a whole row `T[lead, r0]`, r0 < C, at the register level (the CACHE of the row):
   each thread loads its own vectors once and keeps them as floats;
 - `compute` of a scalar whose value is built from constants, sizes, earlier scalars, per-row
@@ -23,17 +27,20 @@ refused by name and the next mapping — SIMT — prints the kernel):
 Element-wise values read the cached rows at their own column, other tensors at [lead…, column]
 (vector loads) or at a per-row index (one load), scalars, sizes and the column as a value.
 Reading a cached row at another column, a reduction inside an element-wise value, a buffer with
-more than one dimension, a shared-memory row, or a dynamic row length is refused by name.
+more than one dimension, a shared-memory row, a register row or a tile loop over a row of
+dynamic length is refused by name.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from compiler.ir import Aff, Bin, Const, Expr, IndexValue, Read, Reduce, Select, Un, walk
+from compiler.ir import Mapping as IrMapping
 from compiler.machine import DTYPES
 
 from .cexpr import aff_c, conds_c, float_const_c, gt_c, index_value_c, size_names, unary_c
-from ..kir.ir import Compute, Kernel, Stage, TileLoop
+from .rowwise_dynamic import DynamicRowSweeps
+from ..kir.ir import Compute, Kernel, LaneDim, Stage, TileLoop, sub_expressions
 from ..kir.lower import UnsupportedMapping
 from ..source import KernelSource, Launch
 from .templates_env import render_template
@@ -51,15 +58,34 @@ def _refuse(what: str) -> UnsupportedMapping:
     return UnsupportedMapping(f"rowwise mapping: {what}")
 
 
+# threads per row of a kernel that stores one value per row (no column loop to map): an
+# instruction choice of this printer, like the vector width
+PER_ROW_THREADS = 256
+# sweeps over a row (not a register row) unrolled in full up to this many
+MAX_UNROLLED_SWEEPS = 16
+
+
+def _row_of_reductions(k: Kernel) -> LaneDim:
+    """The row of a kernel with no lane (loss[r] = … sum(k < C: …) …): the one extent of its
+    reductions, which the block's threads stride over (a stand-in lane the store never uses)."""
+    exts = {x.ext for x in sub_expressions(k) if isinstance(x, Reduce)}
+    if len(exts) != 1 or any(isinstance(s, TileLoop) for s in k.body):
+        raise _refuse(f"the kernel is not one row per block: no lane, and {len(exts)} reduction extents "
+                      f"({', '.join(sorted(map(str, exts)))}) or a tile loop")
+    ext = exts.pop()
+    fixed = _fixed(ext.single()[0], k) if len(ext.parts) == 1 and ext.parts[0][1] == 1 else None
+    return LaneDim("col_", fixed, IrMapping("thread", "", PER_ROW_THREADS), None if fixed else ext)
+
+
 @dataclass(frozen=True)
 class RowPlan:
     """The instruction choices: threads per row, vector width, vectors per thread."""
 
     threads: int  # threads that own columns (the PARALLEL count)
     block: int  # threads per block (a whole number of warps)
-    row: int  # C, the row length (elements)
-    vec: int  # elements per vector access
-    sweeps: int  # vectors per thread
+    row: int | None  # C, the row length (elements); None: dynamic, a kernel argument
+    vec: int  # elements per vector access (a dynamic row: where aligned, else 1)
+    sweeps: int | None  # vectors per thread (None: as many as the row takes)
     tail: bool  # the last sweep is partly past the row end (guarded)
     rows_cached: tuple[str, ...]
     reductions: tuple[str, ...]
@@ -86,12 +112,13 @@ def _fixed(a: Aff, k: Kernel) -> int | None:
     return a.const if a.is_const() else None
 
 
-class _Printer:
-    def __init__(self, k: Kernel):
+class _Printer(DynamicRowSweeps):
+    def __init__(self, k: Kernel, vec: int | None = None):
+        """vec: the vector width of a row of dynamic length (the caller prints one body per width)."""
         self.k = k
-        if len(k.lanes) != 1:
+        if len(k.lanes) > 1:
             raise _refuse(f"the kernel is not one row per block: {len(k.lanes)} lane dimensions (one column loop expected)")
-        lane = k.lanes[0]
+        lane = k.lanes[0] if k.lanes else _row_of_reductions(k)
         m = lane.mapping
         if m is None or m.level != "thread" or not m.count:
             raise _refuse(f"the kernel is not one row per block: column loop {lane.var} is not mapped to threads "
@@ -99,15 +126,29 @@ class _Printer:
         if m.count > 1024:
             raise _refuse(f"{m.count} threads per row is more than a block (1024)")
         self.col, self.row, self.threads = lane.var, lane.extent, m.count
+        self.per_row = not k.lanes  # one value per row: the store is a scalar
         self.block = -(-m.count // 32) * 32  # threads past the count own no column
         self.grid_vars = {g.var for g in k.grid}
         self.names = size_names(k.sizes)
         for g in k.grid:
             self.names[g.var] = f"v_{g.var}"
         width = min(DTYPES[t.dtype].bytes for t in k.tensors)
-        self.vec = next(v for v in (16 // width, 8, 4, 2, 1) if v <= 16 // width and self.row % v == 0)
-        self.sweeps = -(-self.row // (self.threads * self.vec))
-        self.tail = self.row % (self.threads * self.vec) != 0 or self.block != self.threads
+        if self.row is None:  # a dynamic row: threads stride over it, every sweep guarded
+            num, div = lane.ext.parts[0] if len(lane.ext.parts) == 1 else (None, 0)
+            if div != 1:
+                raise _refuse(f"the row length {lane.ext} is not a size expression")
+            self.row_aff = num
+            self.row_c = f"(long long){aff_c(num, self.names)}"
+            self.vec = vec or 1
+            self.sweeps: int | None = None
+            self.tail = True
+        else:
+            self.row_aff = Aff.lit(self.row)
+            self.row_c = f"{self.row}LL"
+            self.vec = next(v for v in (16 // width, 8, 4, 2, 1) if v <= 16 // width and self.row % v == 0)
+            self.sweeps = -(-self.row // (self.threads * self.vec))
+            self.tail = self.row % (self.threads * self.vec) != 0 or self.block != self.threads
+        self.init_dynamic(k, self.col)
         self.cached: dict[str, str] = {}  # row buffer -> source tensor
         self.scalars: set[str] = set()
         self.states: set[str] = set()
@@ -145,8 +186,8 @@ class _Printer:
         return " + ".join(parts + [last])
 
     def row_dim_ok(self, name: str) -> None:
-        n = _fixed(self.k.tensor(name).dims[-1], self.k)
-        if n != self.row:
+        dim = self.k.tensor(name).dims[-1]
+        if (dim != self.row_aff) if self.row is None else (_fixed(dim, self.k) != self.row):
             raise _refuse(f"tensor {name}'s last dimension {self.k.tensor(name).dims[-1]} is not the row length {self.row}")
 
     def load_vec(self, name: str, off: str, dst: str, stream: bool = False) -> list[str]:
@@ -208,10 +249,14 @@ class _Printer:
             head = ["#pragma unroll", f"for (int kk = 0; kk < {kt}; ++kk) {{",
                     f"    const int k = co_ * {kt} + kk;"]
         else:
-            head = ["#pragma unroll", f"for (int k = 0; k < {self.sweeps}; ++k) {{"]
+            # unrolled when it indexes a register row (xb_) or is short; a long sweep over global
+            # memory (a vocabulary-wide row) unrolled would only spill
+            registers = any("xb_" in x or "tb_" in x for x in body)
+            unroll = "#pragma unroll" if registers or self.sweeps <= MAX_UNROLLED_SWEEPS else "#pragma unroll 4"
+            head = [unroll, f"for (int k = 0; k < {self.sweeps}; ++k) {{"]
         head.append(f"    const long long col0 = ((long long)k * {self.threads} + threadIdx.x) * {self.vec};")
         if self.tail:
-            live = f"col0 < {self.row}LL" + (f" && threadIdx.x < {self.threads}" if self.block != self.threads else "")
+            live = f"col0 < {self.row_c}" + (f" && threadIdx.x < {self.threads}" if self.block != self.threads else "")
             return head + [f"    if ({live}) {{"] + ["        " + x for x in body] + ["    }", "}"]
         return head + ["    " + x for x in body] + ["}"]
 
@@ -276,9 +321,12 @@ class _Printer:
                 raise _refuse(f"{x.tensor} is read at column {last}, not at {var}")
             lead = self.row_lead(x, f"read of {x.tensor}")
             self.row_dim_ok(x.tensor)
-            dst = self.fresh("rd_")
-            loads += self.load_vec(x.tensor, self.offset(x.tensor, lead, "col0"), dst)
-            seen[x] = f"{dst}[j]"
+            off = self.offset(x.tensor, lead, "col0")
+            reg = self.register_read((x.tensor, lead), lambda dst: self.load_vec(x.tensor, off, dst), loads)
+            if reg is None:
+                dst = self.fresh("rd_")
+                loads += self.load_vec(x.tensor, off, dst)
+            seen[x] = reg or f"{dst}[j]"
         else:
             sizes = {n for n, _ in self.k.sizes}
             for a in x.idx:
@@ -339,18 +387,23 @@ class _Printer:
         if e.mma is not None:
             raise _refuse(f"the row reduction over {e.var} is mapped to {e.mma.instr}")
         n = e.ext.single()[0] if len(e.ext.parts) == 1 and e.ext.parts[0][1] == 1 else None
+        spans_row = n is not None and (n == self.row_aff if self.row is None else _fixed(n, self.k) == self.row)
         n = _fixed(n, self.k) if n is not None else None
         tile = self.tile is not None and n == self.tile[1] and any(
             isinstance(x, Read) and x.tensor in self.tilebufs for x in walk(e.body))
-        if n != self.row and not tile:
+        if not spans_row and not tile:
             raise _refuse(f"the reduction over {e.var} < {e.ext} spans neither the row of {self.row} columns "
                           "nor a tile buffer of the current tile")
-        loads, value = self.elementwise(e.body, e.var, tile)
         acc = self.fresh("red_")
         init, step = ("0.0f", f"{acc} += v_;") if e.op == "sum" else ("neg_inf()", f"{acc} = fmaxf({acc}, v_);")
+
+        def body() -> list[str]:
+            loads, value = self.elementwise(e.body, e.var, tile)
+            return loads + ["#pragma unroll", f"for (int j = 0; j < {self.vec}; ++j) {{",
+                            f"    const float v_ = {value}; {step}", "}"]
+
         self.lines.append(f"float {acc} = {init};")
-        self.lines += self.sweep(loads + ["#pragma unroll", f"for (int j = 0; j < {self.vec}; ++j) {{",
-                                          f"    const float v_ = {value}; {step}", "}"], tile)
+        self.lines += self.sweep_dynamic(body) if self.sweeps is None else self.sweep(body(), tile)
         self.lines.append(f"{acc} = block_{e.op}<{self.block // 32}>({acc}, red_smem_);")
         self.reductions.append(f"{e.op} over {e.var}")
         return acc
@@ -358,6 +411,8 @@ class _Printer:
     # ------------------------------------------------------------------ statements
     def stage(self, s: Stage) -> None:
         b = s.buf
+        if self.row is None:
+            raise _refuse(f"staged buffer {b.name}: a row of dynamic length {self.row_aff} has no register copy")
         if len(b.dims) != 1 or b.dims[0][1] != self.row:
             raise _refuse(f"staged buffer {b.name} is not one row of {self.row} elements")
         if b.level != "register":
@@ -400,6 +455,8 @@ class _Printer:
     def tile_loop(self, s: TileLoop) -> None:
         if self.tile is not None:
             raise _refuse(f"tile loop over {s.var} inside another tile loop")
+        if self.row is None:
+            raise _refuse(f"tile loop over {s.var}: the row's length {self.row_aff} is dynamic (a fold unrolls fixed tiles)")
         n = _fixed(s.ext.single()[0], self.k) if len(s.ext.parts) == 1 else None
         tiles = -(-n // s.ext.parts[0][1]) if n is not None else None
         if tiles is None:
@@ -438,16 +495,28 @@ class _Printer:
 
     def store(self) -> None:
         st, out = self.k.store, self.k.output
+        if self.per_row:
+            lead = self.row_lead(Read(st.tensor, st.index + (Aff.lit(0),)), "the store")
+            if st.guard:
+                raise _refuse(f"the store is guarded ({' && '.join(map(str, st.guard))})")
+            value = self.scalar(st.value)
+            dt = DTYPES[out.dtype]
+            off = " + ".join(f"(long long){aff_c(a, self.names)} * {s}" for a, s in zip(lead, self.strides(out.name)))
+            self.lines.append(f"if (threadIdx.x == 0) p_{out.name}[{off or '0'}] = f32_to_{dt.name}({value});")
+            return
         if st.guard:
             raise _refuse(f"the store is guarded ({' && '.join(map(str, st.guard))}); a row store writes the whole row")
         if not st.index or st.index[-1] != Aff.of(self.col):
             raise _refuse(f"the store {st.tensor}[{', '.join(map(str, st.index))}] does not write column {self.col} last")
         lead = self.row_lead(Read(st.tensor, st.index), "the store")
         self.row_dim_ok(out.name)
-        loads, value = self.elementwise(st.value, self.col)
-        body = loads + [f"float ov_[{self.vec}];", "#pragma unroll", f"for (int j = 0; j < {self.vec}; ++j) ov_[j] = {value};"]
-        body += self.store_vec(out.name, self.offset(out.name, lead, "col0"), [f"ov_[{j}]" for j in range(self.vec)])
-        self.lines += self.sweep(body)
+
+        def body() -> list[str]:
+            loads, value = self.elementwise(st.value, self.col)
+            out_ = loads + [f"float ov_[{self.vec}];", "#pragma unroll", f"for (int j = 0; j < {self.vec}; ++j) ov_[j] = {value};"]
+            return out_ + self.store_vec(out.name, self.offset(out.name, lead, "col0"), [f"ov_[{j}]" for j in range(self.vec)])
+
+        self.lines += self.sweep_dynamic(body) if self.sweeps is None else self.sweep(body())
 
 
 def render(k: Kernel, options: tuple[str, ...]) -> tuple[KernelSource, Launch, RowPlan]:
@@ -458,8 +527,8 @@ def render(k: Kernel, options: tuple[str, ...]) -> tuple[KernelSource, Launch, R
         raise _refuse(f"index {exc.args[0]}") from None
 
 
-def _render(k: Kernel, options: tuple[str, ...]) -> tuple[KernelSource, Launch, RowPlan]:
-    p = _Printer(k)
+def _body(k: Kernel, vec: int | None = None) -> _Printer:
+    p = _Printer(k, vec)
     for s in k.body:
         if isinstance(s, Stage):
             p.stage(s)
@@ -470,6 +539,31 @@ def _render(k: Kernel, options: tuple[str, ...]) -> tuple[KernelSource, Launch, 
         else:
             raise _refuse(f"statement {type(s).__name__}")
     p.store()
+    return p
+
+
+def _aligned(k: Kernel, p: _Printer) -> str:
+    """The condition under which a row of dynamic length takes p's vector accesses: the row
+    length a multiple of the vector, every tensor's base aligned to its access (a piece)."""
+    conds = [f"{p.row_c} % {p.vec} == 0"]
+    for t in k.tensors:
+        piece = min(16, DTYPES[t.dtype].bytes * p.vec)
+        conds.append(f"reinterpret_cast<unsigned long long>(p_{t.name}) % {piece} == 0")
+    return " && ".join(conds)
+
+
+def _render(k: Kernel, options: tuple[str, ...]) -> tuple[KernelSource, Launch, RowPlan]:
+    p = _body(k)
+    lines = p.lines
+    if p.row is None:
+        # one body per vector width: 16-byte accesses where the row length and the bases allow,
+        # one element per access otherwise (any width; the same arithmetic in the same order
+        # per element, only the columns a thread owns differ)
+        wide = _body(k, 16 // min(DTYPES[t.dtype].bytes for t in k.tensors))
+        if wide.vec > 1:
+            lines = ([f"if ({_aligned(k, wide)}) {{"] + ["    " + x for x in wide.lines] + ["} else {"]
+                     + ["    " + x for x in p.lines] + ["}"])
+            p = wide
     out = k.output
     params = [f"const {DTYPES[t.dtype].ctype}* __restrict__ p_{t.name}" for t in k.inputs]
     params.append(f"{DTYPES[out.dtype].ctype}* __restrict__ p_{out.name}")
@@ -477,7 +571,10 @@ def _render(k: Kernel, options: tuple[str, ...]) -> tuple[KernelSource, Launch, 
     grid = [f"const long long v_{g.var} = blockIdx.{g.axis};" for g in k.grid]
     plan = RowPlan(p.threads, p.block, p.row, p.vec, p.sweeps, p.tail, tuple(p.cached), tuple(p.reductions), p.stream)
     ctx = dict(kname=k.name, threads=p.block, params=", ".join(params), grid=grid,
-               body=p.lines, summary=f"rowwise: {p.threads} threads per row, {p.sweeps} x {p.vec} elements per thread")
+               body=lines, summary=f"rowwise: {p.threads} threads per row, "
+                                   + (f"{p.sweeps} x {p.vec} elements per thread" if p.sweeps else
+                                      f"a row of dynamic length {p.row_aff} in sweeps of {p.threads} x {p.vec} "
+                                      "(x 1 where unaligned)"))
     src = render_template("rowwise.cu.j2", ctx)
     ks = KernelSource(src, k.name, tuple(t.name for t in k.tensors) + k.dynamic(), p.block, 0, options)
     launch = Launch(tuple((g.axis, g.ext) for g in k.grid), p.block, 0, tuple(t.name for t in k.tensors), k.dynamic())
@@ -495,7 +592,7 @@ def _print(k: Kernel, options: tuple[str, ...]):
 def _register() -> None:
     from .registry import Mapping, register
 
-    register(Mapping(NAME, "rowwise", None, _print))
+    register(Mapping(NAME, "rowwise", None, _print, dynamic_lanes=True))
 
 
 _register()

@@ -121,7 +121,9 @@ class Parallel(Rule):
             if level == "grid":
                 raise self.fail("count applies to warp or thread mappings; a grid loop gets one block per iteration")
             n = const_extent(prog, d.loops[pos].ext)
-            if n is None or n % p.count:
+            # threads stride over the loop (thread t runs t, t + count, …, the last stretch guarded);
+            # warps own equal parts of a tile, so their count must divide a fixed extent
+            if level != "thread" and (n is None or n % p.count):
                 raise self.fail(f"{p.count} {level}s do not split the extent {d.loops[pos].ext} of {p.index} evenly")
         facts = {"loop": p.index, "to": p.to, "count": p.count, "disjoint_writes": why, "extent": str(d.loops[pos].ext)}
         if shared:

@@ -1,0 +1,74 @@
+"""Rows of any width on the GPU against float64: the dynamic-width softmax / LayerNorm / RMSNorm
+(one kernel for every width: tails, widths 1 and 7, the vector path at multiples of 8, the scalar
+path at odd widths and at an unaligned base), the fixed widths 1000 and 50257 (not divided by
+the thread count), softmax checked against torch.softmax in float64 as well."""
+from __future__ import annotations
+
+import pytest
+
+from test_rowwise_gpu import build, check, load_spec
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+DYNAMIC = ["softmax_dynamic", "layernorm_dynamic", "rmsnorm_dynamic"]
+WIDTHS = [1, 7, 255, 256, 1000, 1001, 4097, 8192, 50257]
+
+
+@pytest.mark.parametrize("name", DYNAMIC)
+def test_dynamic_width_rows(tmp_path, name):
+    d, k, mapping = build(load_spec(name), tmp_path)
+    assert mapping == "rowwise"
+    for C in WIDTHS:
+        for R in (1, 77):
+            check(d, k, {"R": R, "C": C}, seed=C + R)
+
+
+@pytest.mark.parametrize("name", ["softmax_c1000", "softmax_vocab"])
+def test_fixed_widths_the_threads_do_not_divide(tmp_path, name):
+    d, k, mapping = build(load_spec(name), tmp_path)
+    assert mapping == "rowwise"
+    for R in (1, 77):
+        check(d, k, {"R": R}, seed=R)
+    check(d, k, {"R": 33}, seed=5, scale=30.0)  # large logits: exp overflows without the max shift
+
+
+@pytest.mark.parametrize("C", [7, 1000, 4096, 50257])
+@pytest.mark.parametrize("offset", [0, 1])
+def test_dynamic_softmax_against_torch_float64(tmp_path, C, offset):
+    """offset 1: the rows start one element past a 16-byte boundary (the scalar path)."""
+    _, k, _ = build(load_spec("softmax_dynamic"), tmp_path)
+    R = 64
+    gen = torch.Generator(device="cuda").manual_seed(C)
+    flat = torch.randn(R * C + offset, device="cuda", generator=gen, dtype=torch.float32) * 8
+    x = flat.to(torch.float16)[offset:].view(R, C)
+    y = k(x)
+    torch.cuda.synchronize()
+    ref = torch.softmax(x.double(), dim=-1)
+    err = (y.double() - ref).abs().max().item()
+    assert err <= 2e-3, err  # fp16 output of values in [0, 1]
+    assert torch.allclose(y.double().sum(-1), torch.ones(R, dtype=torch.float64, device="cuda"), atol=5e-3)
+
+
+@pytest.mark.parametrize("C", [50257, 1, 7, 1000, 4097, 128256])
+def test_cross_entropy_against_torch_float64(tmp_path, C):
+    """The fused cross-entropy forward (examples/cross_entropy.yaml at C = 50257; `C: dynamic`
+    for the other widths) with integer targets, logits x1 and x8."""
+    spec = load_spec("cross_entropy")
+    if C != 50257:
+        spec["sizes"]["C"] = "dynamic"
+        spec["check_sizes"] = {"R": 2, "C": 1001}
+        spec["name"] = "cross_entropy_dynamic"
+    _, k, mapping = build(spec, tmp_path)
+    assert mapping == "rowwise"
+    for R, scale in ((1, 1.0), (77, 1.0), (64, 8.0)):
+        gen = torch.Generator(device="cuda").manual_seed(C + R)
+        x = (torch.randn(R, C, device="cuda", generator=gen, dtype=torch.float32) * scale).to(torch.float16)
+        t = torch.randint(0, C, (R,), device="cuda", generator=gen)
+        loss = k(x, t.to(torch.float32))
+        torch.cuda.synchronize()
+        ref = torch.nn.functional.cross_entropy(x.double(), t, reduction="none")
+        err = (loss.double() - ref).abs().max().item()
+        assert err <= 1e-4 * max(1.0, ref.abs().max().item()), (R, scale, err)
