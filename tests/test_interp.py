@@ -229,7 +229,7 @@ def test_rel_error():
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-import compiler.interp as interp  # noqa: E402
+import compiler.interp_matmul as interp_matmul  # noqa: E402
 
 SPECIAL = [0.0, -0.0, 1.0, -2.5, np.nan, np.inf, -np.inf]
 i_, j_, k_ = Aff.of("i"), Aff.of("j"), Aff.of("k")
@@ -311,12 +311,12 @@ def test_contraction_nan_and_inf_classes():
 def test_blocked_matmul_matches_einsum(batch, m, k, n, limit):
     """Products split into blocks small enough for BLAS to run them on the calling thread."""
     a, b = RNG.standard_normal((batch, m, k)), RNG.standard_normal((batch, k, n))
-    saved = interp._SERIAL_GEMM
-    interp._SERIAL_GEMM = limit
+    saved = interp_matmul._SERIAL_GEMM
+    interp_matmul._SERIAL_GEMM = limit
     try:
-        got = interp._batched_matmul(a, b)
+        got = interp_matmul._batched_matmul(a, b)
     finally:
-        interp._SERIAL_GEMM = saved
+        interp_matmul._SERIAL_GEMM = saved
     np.testing.assert_allclose(got, np.einsum("bik,bkj->bij", a, b), rtol=1e-12, atol=1e-12)
 
 
