@@ -80,17 +80,21 @@ class KernelChain:
     def __call__(self, *xs: Any, out: Any = None, **sizes: int) -> Any:
         """Run the kernels in order on the inputs (the spec's order); the output.  A dynamic size
         no input's shape determines is passed by name, as to a one-kernel build."""
+        return self.tensors(*xs, out=out, **sizes)[self.output]
+
+    def tensors(self, *xs: Any, out: Any = None, **sizes: int) -> dict[str, Any]:
+        """Every tensor of the call by name: the inputs, each kernel's outputs (the
+        intermediates, e.g. the partial states), the output."""
         if len(xs) != len(self.inputs):
             raise ValueError(f"expected {len(self.inputs)} inputs ({', '.join(self.inputs)}), got {len(xs)}")
         env = dict(zip(self.inputs, xs))
         last = len(self.kernels) - 1
-        result: Any = None
         for i, k in enumerate(self.kernels):
             # a size no kernel takes goes to the first one, whose error names it
             given = {n: v for n, v in sizes.items() if n in k.dynamic or (i == 0 and not self._takes(n))}
             result = k.run(*(env[n] for n in k.inputs), out=out if i == last else None, **given)
             env.update(zip(k.outputs, result if isinstance(result, tuple) else (result,)))
-        return result
+        return env
 
     def _takes(self, size: str) -> bool:
         return any(size in k.dynamic for k in self.kernels)

@@ -76,9 +76,14 @@ def test_decode_chain_on_the_cpu_against_float64(built, nk):
     rng = np.random.default_rng(nk)
     q = (rng.standard_normal((2, 3, 1, 128)) * 4).astype(np.float16)
     k, v = (rng.standard_normal((2, 3, nk, 128)).astype(np.float16) for _ in range(2))
-    o = chain(q, k, v)
+    t = chain.tensors(q, k, v)
+    o = t["O"]
     assert o.shape == (2, 3, 1, 128) and o.dtype == np.float16
     assert rel(o, attention(q, k, v)) < 2e-3
+    assert t["O_part"].dtype == np.float32 and t["O_part_m"].shape == (2, 3, 1, 8)
+    tiles = -(-nk // 64)  # splits past the last key tile keep (-inf, 0, 0)
+    assert np.all(np.isneginf(t["O_part_m"][..., tiles:])) and np.all(t["O_part_l"][..., tiles:] == 0)
+    assert np.all(np.isfinite(t["O_part_m"][..., :min(tiles, 8)]))
 
 
 @pytest.mark.parametrize("nk", [1, 63, 1000])
