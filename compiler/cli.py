@@ -297,7 +297,7 @@ def build_to(file: Path, outdir: Path, *, seed: int | None = None, codegen: bool
             from .variant_build import write_variants
 
             write_variants(variants[0], variants[1:], tmp, file=str(file), seed=d.seed, seed_given=d.seed_given,
-                           write=lambda dv, sub: write_outputs(dv, sub, codegen=codegen, proofs=proofs, policy=policy))
+                           write=lambda dv, sub: write_one_or_chain(dv, sub, codegen=codegen, proofs=proofs, policy=policy))
             write_marker(tmp, BUILD_MARKER)  # over the variants' files too
 
     atomic_dir(outdir, write)
@@ -314,7 +314,16 @@ def write_one_or_chain(d: Any, outdir: Path, *, codegen: bool, proofs: bool, pol
     write_outputs(d, outdir, codegen=codegen and not chain, proofs=proofs, policy=policy)
     if chain:
         none = ProofPolicy(recorded=proofcheck.not_checked(KERNEL_PROOFS if proofs else proofcheck.SKIPPED))
-        write_chain(d, outdir, lambda k, sub: write_outputs(k, sub, codegen=True, proofs=proofs, policy=none))
+
+        def write_kernel(k: Any, sub: Path) -> None:
+            try:
+                write_outputs(k, sub, codegen=True, proofs=proofs, policy=none)
+            except BuildError as exc:  # name the kernel; keep its failed text under its directory
+                where = sub.relative_to(outdir).as_posix()
+                raise BuildError(f"{exc} (kernel {k.final.output} of the chain: {where}/)",
+                                 [f"{where}/{n}" for n in exc.keep]) from None
+
+        write_chain(d, outdir, write_kernel)
         write_marker(outdir, BUILD_MARKER)  # over the kernels' files too
 
 

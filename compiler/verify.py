@@ -97,7 +97,7 @@ def _load_trace(build: Path) -> dict[str, Any]:
 def rebuild(build: Path, into: Path) -> None:
     """Write into `into` (an empty directory) what `derivc build` writes for DIR's recorded spec."""
     from . import __version__
-    from .cli import BuildError, ProofPolicy, write_one_or_chain, write_outputs
+    from .cli import BuildError, ProofPolicy, write_one_or_chain
     from .kernel_chain import MANIFEST as CHAIN_MANIFEST
     from .derive import derive
     from .schedule_variants import expand, resolve
@@ -150,8 +150,8 @@ def rebuild(build: Path, into: Path) -> None:
             def write_one(dv: Any, sub: Path) -> None:
                 there = build / sub.relative_to(into)
                 rec = proofcheck.from_trace(_load_trace(there)) if there.is_dir() else None
-                write_outputs(dv, sub, codegen=codegen, proofs=recorded.reason != proofcheck.SKIPPED,
-                              policy=ProofPolicy(recorded=rec or recorded))
+                write_one_or_chain(dv, sub, codegen=codegen, proofs=recorded.reason != proofcheck.SKIPPED,
+                                   policy=ProofPolicy(recorded=rec or recorded))
 
             write_variants(variants[0], variants[1:], into, file=file, seed=trace["seed"], seed_given=d.seed_given,
                            write=write_one, spec_text=trace["spec_text"])

@@ -156,3 +156,20 @@ def test_an_unfused_example_is_still_refused_with_the_fuse_message(tmp_path):
     with pytest.raises(BuildError, match=r"one kernel needs them fused into one \(FUSE\)"):
         build_to(ROOT / "examples" / "attention_naive.yaml", tmp_path / "out", seed=0, proofs=False)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_failing_kernel_of_the_chain_fails_the_build_naming_it(tmp_path, monkeypatch):
+    import codegen.build as build
+
+    check = build.check_text
+
+    def failing_combine(d, printed):
+        if d.chain_kernel["kernel"] == "O":
+            raise build.CodegenError("kernel: the combine disagrees (test)")
+        return check(d, printed)
+
+    monkeypatch.setattr(build, "check_text", failing_combine)
+    with pytest.raises(BuildError, match=r"the combine disagrees \(test\) \(kernel O of the chain: kernels/O/\)") as err:
+        build_to(DECODE, tmp_path / "out", seed=1, proofs=False)
+    assert err.value.keep == ("kernels/O/kernel.cu",)
+    assert not (tmp_path / "out").exists()
