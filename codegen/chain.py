@@ -87,6 +87,8 @@ class KernelChain:
         intermediates, e.g. the partial states), the output."""
         if len(xs) != len(self.inputs):
             raise ValueError(f"expected {len(self.inputs)} inputs ({', '.join(self.inputs)}), got {len(xs)}")
+        if out is not None and self.device == "emu":
+            raise ValueError("out: the emulation returns new numpy arrays (device 'emu' takes no out)")
         env = dict(zip(self.inputs, xs))
         last = len(self.kernels) - 1
         for i, k in enumerate(self.kernels):

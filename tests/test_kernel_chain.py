@@ -107,6 +107,8 @@ def test_the_chain_checks_its_arguments(built):
         chain(q, np.zeros((1, 1, 5, 64), np.float16), np.zeros((1, 1, 5, 64), np.float16))
     with pytest.raises(ValueError, match="device"):
         derivc.load(built["decode_splitkv"], device="tpu")
+    with pytest.raises(ValueError, match="out"):
+        chain(q, q, q, out=q)
 
 
 def test_load_refuses_a_tampered_kernel_or_manifest(built, tmp_path):
