@@ -72,11 +72,17 @@ def lowering_seed(derivation: Any) -> int:
 def prepare(derivation: Any) -> tuple[Kernel, dict[str, Any]]:
     """Lower and validate a derivation's final program; stores the record on the derivation so
     that derivation.json and report.md carry the `lowering` step."""
-    kernel, record = lower_checked(derivation.final, derivation.spec.name, dict(derivation.check_sizes),
+    kernel, record = lower_checked(derivation.final, kernel_name(derivation), dict(derivation.check_sizes),
                                    lowering_seed(derivation))
     record["index"] = len(derivation.steps) + 1
     derivation.lowering = record
     return kernel, record
+
+
+def kernel_name(derivation: Any) -> str:
+    """The kernel's entry name: the spec's, a chain kernel's own (compiler.kernel_chain)."""
+    chain = getattr(derivation, "chain_kernel", None)
+    return chain["name"] if chain else derivation.spec.name
 
 
 def print_checked(kernel: Kernel) -> Printed:
@@ -111,7 +117,7 @@ def check_text(derivation: Any, printed: Printed) -> dict[str, Any]:
         try:
             plan = getattr(derivation, "draw_plan", None)
             record["numeric"] = check_kernel_text(printed, derivation.final, dict(derivation.check_sizes), seed,
-                                                  largest_tiles(derivation), plan.masked_sizes if plan else None)
+                                                  getattr(derivation, "tiles", None) or largest_tiles(derivation), plan.masked_sizes if plan else None)
         except KernelCheckError as exc:
             raise CodegenError(f"kernel: {exc}") from None
     derivation.kernel_check = record

@@ -29,6 +29,7 @@ def load_build(out_dir: Path) -> LoadedBuild:
     from codegen.kir.lower import lower
     from codegen.mappings import print_kernel
     from codegen.mappings.ctx_common import DEFAULT_OPTIONS
+    from compiler.kernel_chain import kernel_name
     from compiler.trace import replay, spec_of_trace
 
     out_dir = Path(out_dir)
@@ -38,7 +39,9 @@ def load_build(out_dir: Path) -> LoadedBuild:
     trace = json.loads(trace_file.read_text())
     spec = spec_of_trace(trace)
     final = replay(spec, trace)
-    printed = print_kernel(lower(final, spec.name), DEFAULT_OPTIONS)
+    chain = trace.get("chain_kernel")  # one kernel of a chain (compiler.kernel_chain): its own name
+    name = kernel_name(spec.name, chain["kernel"]) if chain else spec.name
+    printed = print_kernel(lower(final, name), DEFAULT_OPTIONS)
     cubins: dict[str, bytes] = {}
     for v in printed.variants:
         cu = out_dir / f"{v.stem}.cu"

@@ -9,15 +9,16 @@ printed by the mapping its facts ask for, and its text run on the CPU through th
 (codegen.kernel_check) like a build's kernel step.  No atomics: the kernels run one after the
 other, the combine reads each split's slot.
 
-What is not here yet: `derivc build` writing these kernels into a build directory (one kernel
-per build today), `derivc verify` / `derivc.load` of such a build.
+`derivc build` writes such a program (when its `kernels` fact says it is a chain) as one build
+directory per kernel (compiler/kernel_chain.py); `derivc.load` runs them (codegen/chain.py).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from compiler.ir import Program
+from compiler.kernel_chain import chain_cuts
 
 from .build import CodegenError, lower_checked, print_checked
 from .kir.ir import Kernel
@@ -38,19 +39,11 @@ class Stage:
 
 
 def kernel_programs(prog: Program) -> list[Program]:
-    """The program cut at each definition, in order (see the module docstring)."""
-    if len(prog.defs) < 2:
-        raise CodegenError(f"the program has {len(prog.defs)} definition: one kernel, not several")
-    if prog.defs[-1].name != prog.output or prog.also_outputs():
-        raise CodegenError(f"the last definition must be the output {prog.output} (and no further outputs): "
-                           "each definition is one kernel, the last writes the output")
-    cuts = []
-    for k, d in enumerate(prog.defs):
-        earlier = tuple(replace(x, computed_by=f"kernel {x.name}") for x in prog.defs[:k])
-        also = ",".join(a.name for a in d.also)
-        cuts.append(replace(prog, defs=(*earlier, d), output=d.name,
-                            facts=(("also_outputs", also),) if also else ()))
-    return cuts
+    """The program cut at each definition, in order (compiler.kernel_chain.chain_cuts)."""
+    try:
+        return chain_cuts(prog)
+    except ValueError as exc:
+        raise CodegenError(str(exc)) from None
 
 
 def stages(prog: Program, name: str, sizes: dict[str, int], seed: int) -> list[Stage]:

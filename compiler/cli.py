@@ -290,18 +290,41 @@ def build_to(file: Path, outdir: Path, *, seed: int | None = None, codegen: bool
     policy = ProofPolicy(use_cache=not verify)
 
     def write(tmp: Path) -> None:
-        write_outputs(d, tmp, codegen=codegen, proofs=proofs, policy=policy)
+        write_one_or_chain(d, tmp, codegen=codegen, proofs=proofs, policy=policy)
         if backward is not None:
             write_backward(backward, tmp, codegen=codegen, proofs=proofs, policy=lambda _: policy)
         if len(variants) > 1:
             from .variant_build import write_variants
 
             write_variants(variants[0], variants[1:], tmp, file=str(file), seed=d.seed, seed_given=d.seed_given,
-                           write=lambda dv, sub: write_outputs(dv, sub, codegen=codegen, proofs=proofs, policy=policy))
+                           write=lambda dv, sub: write_one_or_chain(dv, sub, codegen=codegen, proofs=proofs, policy=policy))
             write_marker(tmp, BUILD_MARKER)  # over the variants' files too
 
     atomic_dir(outdir, write)
     return d
+
+
+def write_one_or_chain(d: Any, outdir: Path, *, codegen: bool, proofs: bool, policy: ProofPolicy) -> None:
+    """write_outputs, or for a final program its `kernels` fact marks as a chain of kernels (and
+    codegen): OUT's own files without a kernel, then OUT/kernels/ (compiler.kernel_chain); a
+    kernel's directory has no steps, so no obligations of its own."""
+    from .kernel_chain import KERNEL_PROOFS, chain_of, write_chain
+
+    chain = codegen and chain_of(d)
+    write_outputs(d, outdir, codegen=codegen and not chain, proofs=proofs, policy=policy)
+    if chain:
+        none = ProofPolicy(recorded=proofcheck.not_checked(KERNEL_PROOFS if proofs else proofcheck.SKIPPED))
+
+        def write_kernel(k: Any, sub: Path) -> None:
+            try:
+                write_outputs(k, sub, codegen=True, proofs=proofs, policy=none)
+            except BuildError as exc:  # name the kernel; keep its failed text under its directory
+                where = sub.relative_to(outdir).as_posix()
+                raise BuildError(f"{exc} (kernel {k.final.output} of the chain: {where}/)",
+                                 [f"{where}/{n}" for n in exc.keep]) from None
+
+        write_chain(d, outdir, write_kernel)
+        write_marker(outdir, BUILD_MARKER)  # over the kernels' files too
 
 
 def write_backward(backward: Any, outdir: Path, *, codegen: bool, proofs: bool,
@@ -358,6 +381,11 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
             worst = max(r["rel_error"] for r in n["draws"])
             out.line(f"kernel text run on the CPU: {len(n['draws'])} draws over {', '.join(kc['facts']['variants'])}, "
                      f"worst relative error {worst:.1e}")
+    for k in getattr(d, "chain_kernels", ()):  # a chain of kernels (compiler.kernel_chain)
+        n = k.kernel_check["numeric"]
+        ran = f"NOT run on the CPU: {n['skipped']}" if n.get("skipped") else \
+            f"run on the CPU, worst relative error {max(r['rel_error'] for r in n['draws']):.1e}"
+        out.line(f"kernel {k.final.output} (kernels/{k.final.output}/): {ran}")
     check: ProofCheck = d.proof_check
     out.line(check.line(), style="green" if check.checked else "yellow")
     backward = getattr(d, "backward", None)

@@ -64,3 +64,23 @@ def sizes_used(prog: Program, inputs: tuple, defs: tuple[Def, ...]) -> tuple:
         used |= set().union(*(a.names() for a in d.type.dims), *(lp.ext.names() for lp in d.loops))
         used |= free_indices(d.body)
     return tuple((n, v) for n, v in prog.sizes if n in used)
+
+
+# A program fact naming, in order, the definitions that run as one kernel each: the rule that
+# left several definitions on purpose (SPLIT-KV: the partial folds, then the combine) says so.
+# A program with several definitions and no such fact is one kernel that lacks a FUSE.
+CHAIN_FACT = "kernels"
+
+
+def kernel_chain(prog: Program) -> tuple[str, ...]:
+    """The definitions the program runs as a chain of kernels, in order; () when it is one
+    kernel.  ValueError when the fact no longer names the program's definitions (a later step
+    added or fused one)."""
+    named = tuple(n for n in dict(prog.facts).get(CHAIN_FACT, "").split(",") if n)
+    if not named:
+        return ()
+    defs = tuple(d.name for d in prog.defs)
+    if named != defs:
+        raise ValueError(f"the program's {CHAIN_FACT} fact names the kernels {', '.join(named)}, but its "
+                         f"definitions are {', '.join(defs)}: each definition of a chain is one kernel")
+    return named

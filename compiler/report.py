@@ -127,7 +127,13 @@ def write_report(d: Derivation) -> str:
     grad = getattr(d, "grad_trace", None)
     if grad:
         out += grad_markdown(grad)
-    if not d.steps:
+    chain = getattr(d, "chain_kernel", None)
+    if chain:  # one kernel of a chain (compiler.kernel_chain)
+        out += [f"Kernel {chain['kernel']} of a chain of kernels ({', '.join(chain['chain'])}, run in that order): "
+                f"this kernel's program (IR₀ and final) is the derivation's final program (`{chain['chain_digest']}`) cut at "
+                f"{chain['kernel']}; the steps, their checks and proof obligations are the build directory's "
+                "two levels up (`../../report.md`).", ""]
+    elif not d.steps:
         out += ["The schedule is empty: the final program is the spec program.", ""]
     for s in d.steps:
         out.append(step_markdown(s, check.step_record(s.index) if check is not None else None))

@@ -92,6 +92,7 @@ def write_trace(d: Derivation) -> dict[str, Any]:
         "final_digest": d.final.digest(),
         "output": d.final.output,
         **({"grad_kernel": d.grad_trace} if getattr(d, "grad_trace", None) else {}),
+        **({"chain_kernel": d.chain_kernel} if getattr(d, "chain_kernel", None) else {}),
         **({"variant": d.variant_choice} if getattr(d, "variant_choice", None) is not None else {}),
     }
 
@@ -110,7 +111,11 @@ def replay_programs(
     """
     file = trace.get("spec_file", "") or ""
     try:
-        if trace.get("grad_kernel"):  # a backward kernel: GRAD, grad.schedule, cut at its output
+        if trace.get("chain_kernel"):  # one kernel of a chain: the schedule, cut at its definition
+            from .kernel_chain import chain_kernel_program
+
+            prog = chain_kernel_program(spec, trace["chain_kernel"]["kernel"], file)
+        elif trace.get("grad_kernel"):  # a backward kernel: GRAD, grad.schedule, cut at its output
             from .derive_grad import kernel_program
 
             prog = kernel_program(spec, trace["grad_kernel"]["kernel"], file)

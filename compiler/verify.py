@@ -4,7 +4,7 @@
    recorded sha256) is parsed and derived again with the recorded seed — every precondition
    and numeric check re-runs — and the build's own writer (`compiler.cli.write_outputs`)
    writes every output into a fresh temporary directory, with codegen when DIR's trace has a
-   `lowering` step or DIR holds a kernel.cu.
+   `lowering` step or DIR holds a kernel.cu or a chain's kernels.json (compiler.kernel_chain).
 2. Compare: every file of DIR against its rebuilt twin, byte for byte (NOT_COMPARED lists the
    only exceptions, with the reason).  Every missing, extra or altered file is listed; the
    error line names the first.
@@ -97,7 +97,8 @@ def _load_trace(build: Path) -> dict[str, Any]:
 def rebuild(build: Path, into: Path) -> None:
     """Write into `into` (an empty directory) what `derivc build` writes for DIR's recorded spec."""
     from . import __version__
-    from .cli import BuildError, ProofPolicy, write_outputs
+    from .cli import BuildError, ProofPolicy, write_one_or_chain
+    from .kernel_chain import MANIFEST as CHAIN_MANIFEST
     from .derive import derive
     from .schedule_variants import expand, resolve
     from .spec import parse_spec_text
@@ -121,13 +122,13 @@ def rebuild(build: Path, into: Path) -> None:
     d.seed_given = bool(trace.get("seed_given"))
     d.spec_text = trace["spec_text"]  # write_trace records it instead of reading spec_file
     steps = trace.get("steps") if isinstance(trace.get("steps"), list) else []
-    codegen = (build / "kernel.cu").exists() or any(isinstance(s, dict) and s.get("rule") == "lowering" for s in steps)
+    codegen = (build / "kernel.cu").exists() or (build / CHAIN_MANIFEST).exists() or any(isinstance(s, dict) and s.get("rule") == "lowering" for s in steps)
     recorded = proofcheck.from_trace(trace)
     if recorded is None:
         raise RebuildError("no readable proof record (proofs / steps[].proof): rebuild it")
     try:
-        write_outputs(d, into, codegen=codegen, proofs=recorded.reason != proofcheck.SKIPPED,
-                      policy=ProofPolicy(recorded=recorded))
+        write_one_or_chain(d, into, codegen=codegen, proofs=recorded.reason != proofcheck.SKIPPED,
+                           policy=ProofPolicy(recorded=recorded))
         if spec.grad is not None:  # the backward kernels, each with its own recorded proof check
             from .cli import write_backward
             from .derive_grad import derive_gradient
@@ -149,8 +150,8 @@ def rebuild(build: Path, into: Path) -> None:
             def write_one(dv: Any, sub: Path) -> None:
                 there = build / sub.relative_to(into)
                 rec = proofcheck.from_trace(_load_trace(there)) if there.is_dir() else None
-                write_outputs(dv, sub, codegen=codegen, proofs=recorded.reason != proofcheck.SKIPPED,
-                              policy=ProofPolicy(recorded=rec or recorded))
+                write_one_or_chain(dv, sub, codegen=codegen, proofs=recorded.reason != proofcheck.SKIPPED,
+                                   policy=ProofPolicy(recorded=rec or recorded))
 
             write_variants(variants[0], variants[1:], into, file=file, seed=trace["seed"], seed_given=d.seed_given,
                            write=write_one, spec_text=trace["spec_text"])

@@ -58,7 +58,7 @@ class Kernel:
         return f"derivc.Kernel({self.kir.name}, from {self.out_dir})"
 
 
-def build(path: str | Path, out_dir: str | Path | None = None, *, seed: int | None = None) -> Kernel:
+def build(path: str | Path, out_dir: str | Path | None = None, *, seed: int | None = None) -> Any:
     """Derive `path` (checking every step and the lowering), emit and compile its kernel, load it.
 
     Proof obligations are not written here; `derivc build` writes and `derivc verify` checks them.
@@ -67,12 +67,24 @@ def build(path: str | Path, out_dir: str | Path | None = None, *, seed: int | No
 
     target = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="derivc-")) / "build"
     build_to(Path(path), target, seed=seed, proofs=False)
-    return Kernel(target)
+    return load(target)
 
 
-def load(out_dir: str | Path) -> Kernel:
-    """Load the kernel of a directory written by `derivc build`."""
-    return Kernel(Path(out_dir))
+def load(out_dir: str | Path, device: str = "cuda") -> Any:
+    """Load the kernel of a directory written by `derivc build`; a chain of kernels
+    (OUT/kernels.json, e.g. split-KV decode) loads as one callable running them in order, on the
+    GPU or (device "emu") on the CPU through the emulation (numpy arrays)."""
+    from compiler.kernel_chain import MANIFEST
+
+    out_dir = Path(out_dir)
+    if (out_dir / MANIFEST).is_file():
+        from codegen.chain import KernelChain
+
+        return KernelChain(out_dir, device=device)
+    if device != "cuda":
+        raise ValueError(f"device {device!r}: a one-kernel build runs on 'cuda' (the emulation runs chains "
+                         "and derivc.load_training's kernels)")
+    return Kernel(out_dir)
 
 
 def load_training(out_dir: str | Path, device: str = "cuda") -> Any:

@@ -34,7 +34,7 @@ from specgen import cases  # noqa: E402
 
 BEGIN = "/* ---- instruction wrappers (constructs/instr.cu.j2)"
 END = "/* ---- end of instruction wrappers ---- */"
-NO_KERNEL = {"attention_naive", "attention_tiled_two_pass", "decode_splitkv", "decode_splitkv_gqa"}
+NO_KERNEL = {"attention_naive", "attention_tiled_two_pass"}
 EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.yaml") if p.stem not in NO_KERNEL)
 GENERATED = [c for c in cases(12, seed=11) if c.mapping != "refuse"]
 
@@ -118,9 +118,12 @@ void bar_sync(int id, int count);
 def _derived_sources(path: str) -> tuple[tuple[str, str, str], ...]:
     """(mapping, stem, CUDA text) of every variant of the spec's kernel and of its backward kernels."""
     from compiler.derive_grad import derive_gradient
+    from compiler.kernel_chain import chain_of, kernel_derivations
 
     spec = load_spec_file(Path(path))
     derivations = [derive(spec, path, seed=5)]
+    if chain_of(derivations[0]):  # a chain of kernels (split-KV decode): each kernel's text
+        derivations = kernel_derivations(derivations[0])
     if spec.grad is not None:
         derivations += derive_gradient(spec, path, seed=5).kernels
     out = []

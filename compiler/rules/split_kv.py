@@ -45,6 +45,7 @@ from ..ir import (
     names_in_program, subst_index, tail_fold,
 )
 from ..names import name_problem
+from ..kernel_view import CHAIN_FACT
 from . import register
 from .base import Facts, Rule, StepParams
 from .fold_stat import online_pair
@@ -157,7 +158,18 @@ class SplitKv(Rule):
                 defs += [partial, replace(d, body=combine)]
             else:
                 defs.append(x)
-        return replace(prog, defs=tuple(defs))
+        return replace(prog, defs=tuple(defs), facts=_with_chain(prog, part, d.name))
+
+
+def _with_chain(prog: Program, part: str, combine: str) -> tuple[tuple[str, str], ...]:
+    """prog's facts with `kernels` naming the partial folds' kernel before the combine's: the
+    program is meant to run as a chain of kernels, one per definition (compiler/kernel_chain.py)."""
+    facts = dict(prog.facts)
+    names = [n for n in facts.get(CHAIN_FACT, "").split(",") if n] or [combine]
+    at = names.index(combine) if combine in names else len(names)
+    names[at:at] = [part] if combine in names else [part, combine]
+    facts[CHAIN_FACT] = ",".join(names)
+    return tuple(facts.items())
 
 
 register(SplitKv())

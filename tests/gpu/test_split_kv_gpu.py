@@ -1,5 +1,6 @@
-"""SPLIT-KV decode on the GPU: examples/decode_splitkv.yaml's two kernels (codegen/multi_kernel.py:
-the partial folds, then the combine), compiled by NVRTC and run one after the other.
+"""SPLIT-KV decode on the GPU: examples/decode_splitkv.yaml built by `derivc build` into a chain
+of kernels (OUT/kernels/O_part/, OUT/kernels/O/: the partial folds, then the combine;
+compiler/kernel_chain.py), loaded by `derivc.load` (codegen/chain.py) and run one after the other.
 
 Against float64 torch on the fp16 inputs at Nk = 1 (seven of eight splits empty), 63, 65, 100
 (six empty), 1000, 4097 (tails), B / H mixed; determinism: two runs give the same bits (no
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import math
 import sys
+import tempfile
+from functools import lru_cache
 from pathlib import Path
 
 import pytest
@@ -29,24 +32,24 @@ GQA = ROOT / "examples" / "decode_splitkv_gqa.yaml"
 SHAPES = [(1, 32, 32768), (4, 32, 32768), (8, 32, 4096), (64, 8, 2048)]  # (B, H, Nk), the issue's decode targets
 
 
+@lru_cache(maxsize=None)
 def load_decode(path: Path = DECODE):
-    """(partial kernel, combine kernel), compiled for the current device."""
-    from codegen.cuda.runtime import CompiledKernel
-    from codegen.multi_kernel import stages
-    from compiler.derive import derive
-    from compiler.spec import load_spec_file
+    """The example built by `derivc build` (codegen, NVRTC, no proofs) and loaded by `derivc.load`:
+    a KernelChain of the partial kernel and the combine kernel."""
+    import derivc
+    from compiler.cli import build_to
 
-    d = derive(load_spec_file(path), str(path), check=False)
-    sizes = {"B": 2, "H": 2, "Nq": 1, "Nk": 1100, "D": 128} if path == DECODE else \
-        {"B": 1, "HK": 2, "G": 4, "Nq": 1, "Nk": 1100, "D": 128}
-    found = stages(d.final, path.stem, sizes, 1)
-    return tuple(CompiledKernel(s.printed) for s in found)
+    out = Path(tempfile.mkdtemp(prefix="derivc-splitkv-")) / path.stem
+    build_to(path, out, seed=0, proofs=False)
+    chain = derivc.load(out)
+    assert [k.name for k in chain.kernels] == ["O_part", "O"]
+    return chain
 
 
-def run_decode(kernels, q, k, v):
-    part, combine = kernels
-    o_part, m, l = part(q, k, v)
-    return combine(o_part, m, l), (o_part, m, l)
+def run_decode(chain, q, k, v):
+    """(O, (the partial states O_part, O_part_m, O_part_l)) of one call."""
+    t = chain.tensors(q, k, v)
+    return t["O"], (t["O_part"], t["O_part_m"], t["O_part_l"])
 
 
 def reference(torch, q, k, v):
@@ -55,7 +58,7 @@ def reference(torch, q, k, v):
 
 
 @pytest.fixture(scope="module")
-def kernels():
+def chain():
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
@@ -64,14 +67,14 @@ def kernels():
 
 @pytest.mark.parametrize("b,h,nk", [(1, 4, 1), (2, 4, 63), (1, 2, 65), (2, 3, 100), (2, 3, 1000), (1, 8, 4097)])
 @pytest.mark.parametrize("logits", [1.0, 8.0])
-def test_decode_against_float64(kernels, b, h, nk, logits):
+def test_decode_against_float64(chain, b, h, nk, logits):
     import torch
 
     g = torch.Generator(device="cuda").manual_seed(nk * 7 + b)
     q = (torch.randn(b, h, 1, 128, device="cuda", generator=g) * logits).half()
     k = torch.randn(b, h, nk, 128, device="cuda", generator=g).half()
     v = torch.randn(b, h, nk, 128, device="cuda", generator=g).half()
-    o, (o_part, m, l) = run_decode(kernels, q, k, v)
+    o, (o_part, m, l) = run_decode(chain, q, k, v)
     torch.cuda.synchronize()
     want = reference(torch, q, k, v)
     assert not torch.isnan(o).any()
@@ -87,27 +90,27 @@ def test_gqa_decode_against_float64(b, nk):
     """32 query heads over 8 K / V heads: Q [B, 8, 4, 1, D] is torch's [B, 32, 1, D]."""
     import torch
 
-    kernels = load_decode(GQA)
+    chain = load_decode(GQA)
     g = torch.Generator(device="cuda").manual_seed(nk)
     q = torch.randn(b, 32, 1, 128, device="cuda", generator=g).half()
     k = torch.randn(b, 8, nk, 128, device="cuda", generator=g).half()
     v = torch.randn(b, 8, nk, 128, device="cuda", generator=g).half()
-    o, _ = run_decode(kernels, q.view(b, 8, 4, 1, 128), k, v)
+    o = chain(q.view(b, 8, 4, 1, 128), k, v)
     torch.cuda.synchronize()
     want = reference(torch, q, k.repeat_interleave(4, dim=1), v.repeat_interleave(4, dim=1))
     err = (o.reshape(b, 32, 1, 128).double() - want).norm() / want.norm()
     assert err < 5e-3, f"relative error {err:.3g} at B={b} Nk={nk}"
 
 
-def test_two_runs_same_bits(kernels):
+def test_two_runs_same_bits(chain):
     import torch
 
     g = torch.Generator(device="cuda").manual_seed(5)
     q = torch.randn(4, 32, 1, 128, device="cuda", generator=g).half()
     k = torch.randn(4, 32, 3000, 128, device="cuda", generator=g).half()
     v = torch.randn(4, 32, 3000, 128, device="cuda", generator=g).half()
-    o1, p1 = run_decode(kernels, q, k, v)
-    o2, p2 = run_decode(kernels, q, k, v)
+    o1, p1 = run_decode(chain, q, k, v)
+    o2, p2 = run_decode(chain, q, k, v)
     torch.cuda.synchronize()
     assert torch.equal(o1, o2) and all(torch.equal(x, y) for x, y in zip(p1, p2))
 
@@ -117,7 +120,7 @@ def bench(shapes=SHAPES, iters: int = 50) -> None:
     import torch
     import torch.nn.functional as F
 
-    kernels = load_decode()
+    chain = load_decode()
 
     def time_ms(fn) -> float:
         for _ in range(5):
@@ -135,7 +138,7 @@ def bench(shapes=SHAPES, iters: int = 50) -> None:
         q = torch.randn(b, h, 1, 128, device="cuda").half()
         k = torch.randn(b, h, nk, 128, device="cuda").half()
         v = torch.randn(b, h, nk, 128, device="cuda").half()
-        ours = time_ms(lambda: run_decode(kernels, q, k, v))
+        ours = time_ms(lambda: chain(q, k, v))
         sdpa = time_ms(lambda: F.scaled_dot_product_attention(q, k, v))
         gbs = 2 * b * h * nk * 128 * 2 / (ours * 1e-3) / 1e9
         print(f"{b:>3} {h:>3} {nk:>6}  {ours:>9.3f}  {sdpa:>8.3f}  {sdpa / ours:>6.2f}  {gbs:>8.0f}")
@@ -144,7 +147,7 @@ def bench(shapes=SHAPES, iters: int = 50) -> None:
         q = torch.randn(b, 32, 1, 128, device="cuda").half()
         k = torch.randn(b, 8, nk, 128, device="cuda").half()
         v = torch.randn(b, 8, nk, 128, device="cuda").half()
-        ours = time_ms(lambda: run_decode(gqa, q.view(b, 8, 4, 1, 128), k, v))
+        ours = time_ms(lambda: gqa(q.view(b, 8, 4, 1, 128), k, v))
         try:
             sdpa = time_ms(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
         except TypeError:  # torch < 2.5: no enable_gqa, SDPA on K / V repeated per query head
