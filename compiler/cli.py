@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__, proofcheck
+from .console import Out
 from .proofcheck import ProofCheck
 from .outdir import (
     BUILD_MARKER, OutputRefused, Terminated, atomic_dir, check_replaceable, terminate_raises, write_marker,
@@ -41,16 +42,6 @@ from .errors import (
 
 EXIT_INTERNAL = 1
 EXIT_UNAVAILABLE = 1
-
-try:  # rich is a dependency, but keep a plain fallback for a bare checkout
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
-
-    HAVE_RICH = True
-except ImportError:  # pragma: no cover - exercised only without rich
-    HAVE_RICH = False
-
 
 class UsageError(Exception):
     """Bad command-line use (exit 2)."""
@@ -78,52 +69,6 @@ class ProofCheckError(BuildError):
 
 
 # --------------------------------------------------------------------------- output
-
-
-class Out:
-    """Rich output to stdout when available, plain text otherwise."""
-
-    def __init__(self, plain: bool = False):
-        self.rich = HAVE_RICH and not plain
-        self.console = Console(highlight=False, soft_wrap=False) if self.rich else None
-
-    def line(self, text: str = "", style: str | None = None) -> None:
-        if self.console is not None:
-            self.console.print(Text(text, style=style or ""))
-        else:
-            print(text)
-
-    def heading(self, text: str) -> None:
-        if self.console is not None:
-            self.console.rule(Text(text, style="bold"))
-        else:
-            print(f"== {text} ==")
-
-    def block(self, text: str, title: str = "") -> None:
-        if self.console is not None:  # no panel: long program lines must not be re-wrapped
-            if title:
-                self.console.print(Text(f"-- {title} --", style="bold cyan"))
-            self.console.print(Text(text.rstrip("\n")), soft_wrap=True)
-        else:
-            if title:
-                print(f"-- {title} --")
-            print(text.rstrip("\n"))
-
-    def table(self, columns: Sequence[str], rows: Sequence[Sequence[str]], title: str = "") -> None:
-        if self.console is not None:
-            t = Table(title=title or None)
-            for c in columns:
-                t.add_column(c)
-            for r in rows:
-                t.add_row(*(Text(str(x)) for x in r))
-            self.console.print(t)
-        else:
-            if title:
-                print(title)
-            widths = [max(len(str(c)), *(len(str(r[k])) for r in rows)) if rows else len(c) for k, c in enumerate(columns)]
-            print("  ".join(str(c).ljust(w) for c, w in zip(columns, widths)))
-            for r in rows:
-                print("  ".join(str(x).ljust(w) for x, w in zip(r, widths)))
 
 
 def error_line(message: str) -> None:
@@ -164,7 +109,6 @@ def write_outputs(derivation: Any, outdir: Path, *, codegen: bool = True, proofs
     The obligations are written first and checked by coqc (`compiler.proofcheck`, in the
     background) while the kernel is generated and checked; derivation.json and report.md, which
     record the proof check, come last.  A failing obligation raises ProofCheckError (exit 4)."""
-    from .printer import show_program
     from .report import write_report
     from .trace import write_trace
 
