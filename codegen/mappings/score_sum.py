@@ -126,21 +126,22 @@ def _zero_guards(e: Expr) -> tuple[Cond, ...]:
     return ()
 
 
-def _tile(k: Kernel, st: Stage, tile_var: str, batch: set[str]) -> Tile:
+def stage_tile(k: Kernel, st: Stage, tile_var: str, batch: set[str], name: str = NAME) -> Tile:
+    """The staged rows x head-dim tile of `st` (rows BM * tile_var + r), refused under `name` otherwise."""
     conds, read = staged(st.value)
     if len(st.buf.dims) != 2:
-        raise refuse(NAME, f"buffer {st.buf.name} is not a rows x head-dim tile")
+        raise refuse(name, f"buffer {st.buf.name} is not a rows x head-dim tile")
     (r, rows), (e, cols) = st.buf.dims
     roles = _roles(read.idx, Aff.build({tile_var: rows, r: 1}), e, batch,
-                   f"buffer {st.buf.name} reading {read.tensor}", NAME)
-    op = operand(k, read.tensor, st.buf.level, NAME)
+                   f"buffer {st.buf.name} reading {read.tensor}", name)
+    op = operand(k, read.tensor, st.buf.level, name)
     op = Operand(op.name, op.dims, op.dtype, op.level, roles)
     seq = op.dims[roles.index("seq")]
     for c in conds:
         if bound_cond(c, (tile_var, rows), r) != seq:
-            raise refuse(NAME, f"buffer {st.buf.name}'s condition {c} is not the row bound < {seq}")
+            raise refuse(name, f"buffer {st.buf.name}'s condition {c} is not the row bound < {seq}")
     if k.fixed().get(op.dims[-1]) != cols:
-        raise refuse(NAME, f"buffer {st.buf.name} holds {cols} of {read.tensor}'s head dim {op.dims[-1]}, not all of it")
+        raise refuse(name, f"buffer {st.buf.name} holds {cols} of {read.tensor}'s head dim {op.dims[-1]}, not all of it")
     return Tile(st.buf.name, op, rows, cols, st.buf.level, seq)
 
 
@@ -204,8 +205,8 @@ def match(k: Kernel) -> _Match:
     out_roles = _roles(sidx, Aff.build({rtile: bm, row: 1}), n, batch, f"output {k.output.name}", NAME)
     out = operand(k, k.output.name, "global", NAME)
     out = Operand(out.name, out.dims, out.dtype, out.level, out_roles)
-    row_tiles = tuple(_tile(k, s, rtile, batch) for s in pre)
-    col_tiles = tuple(_tile(k, s, loop.var, batch | group_vars) for s in loop.body)
+    row_tiles = tuple(stage_tile(k, s, rtile, batch) for s in pre)
+    col_tiles = tuple(stage_tile(k, s, loop.var, batch | group_vars) for s in loop.body)
     bn = acc_sum.ext.const_value()
     if any(t.rows != bm for t in row_tiles) or any(t.rows != bn for t in col_tiles):
         raise refuse(NAME, f"row tiles must have {bm} rows and column tiles {bn}")
@@ -217,8 +218,8 @@ def match(k: Kernel) -> _Match:
     row_index = {t.buf: i for i, t in enumerate(row_tiles)}
     acc_tile, value = _split_product(acc_sum.body, acc_sum.var, n, col_index)
     c = acc_sum.var
-    scores = _scores(value, row, c, row_index, col_index, head, k)
-    _check_elementwise(value, k, {row, c, rtile, loop.var} | batch | group_vars | set(dict(k.sizes)), n)
+    scores = score_sums(value, row, c, row_index, col_index, head, k)
+    check_elementwise(value, k, {row, c, rtile, loop.var} | batch | group_vars | set(dict(k.sizes)), n)
     for cc in k.store.guard:
         if bound_cond(cc, (rtile, bm), row) != out.dims[out_roles.index("seq")]:
             raise refuse(NAME, f"store condition {cc} is not the row tail bound")
@@ -236,16 +237,17 @@ def match(k: Kernel) -> _Match:
     return _Match(plan, k, loop, value, row, c, rtile, out_roles, tuple(groups))
 
 
-def _scores(value: Expr, row: str, c: str, row_index: dict[str, int], col_index: dict[str, int],
-            head: int, k: Kernel) -> tuple[Score, ...]:
+def score_sums(value: Expr, row: str, c: str, row_index: dict[str, int], col_index: dict[str, int],
+               head: int, k: Kernel, name: str = NAME) -> tuple[Score, ...]:
+    """The score sums of `value`: each a row tile at [row, e] times a column tile at [c, e]."""
     out: list[Score] = []
     for x in walk(value):
         if not isinstance(x, Reduce):
             continue
         if x.op != "sum" or x.mma is None or x.mma.instr != "mma_sync":
-            raise refuse(NAME, f"the reduction {show_expr(x)} in the accumulated value is not a tensor-core score sum")
+            raise refuse(name, f"the reduction {show_expr(x)} in the accumulated value is not a tensor-core score sum")
         if not x.ext.names() <= set(k.fixed()) or x.ext.evaluate(k.fixed()) != head:
-            raise refuse(NAME, f"the score sums {x.var} < {x.ext}, not the whole head dimension {head}")
+            raise refuse(name, f"the score sums {x.var} < {x.ext}, not the whole head dimension {head}")
         b = x.body
         e = Aff.of(x.var)
         found = None
@@ -255,74 +257,47 @@ def _scores(value: Expr, row: str, c: str, row_index: dict[str, int], col_index:
                         and q.tensor in col_index and q.idx == (Aff.of(c), e)):
                     found = Score(x, row_index[r.tensor], col_index[q.tensor])
         if found is None:
-            raise refuse(NAME, f"the score {show_expr(x)} is not a row tile at [{row}, {x.var}] times a column tile "
+            raise refuse(name, f"the score {show_expr(x)} is not a row tile at [{row}, {x.var}] times a column tile "
                          f"at [{c}, {x.var}] (a transposed score has no register form here)")
         if all(s.sum != x for s in out):
             out.append(found)
     if not out:
-        raise refuse(NAME, "the accumulated value holds no tensor-core score sum")
+        raise refuse(name, "the accumulated value holds no tensor-core score sum")
     return tuple(out)
 
 
-def _check_elementwise(value: Expr, k: Kernel, allowed: set[str], n: str) -> None:
+def check_elementwise(value: Expr, k: Kernel, allowed: set[str], n: str | None, name: str = NAME) -> None:
+    """Refuse (under `name`) what the element-wise printer has no form for; n: the output column A must not read."""
     inputs = {t.name for t in k.inputs}
     scores = {id(y) for x in walk(value) if isinstance(x, Reduce) for y in walk(x.body)}
     for x in walk(value):
         if id(x) in scores:
             continue
         if not isinstance(x, (Const, Read, IndexValue, Bin, Un, Select, Reduce)):
-            raise refuse(NAME, f"{type(x).__name__} in the accumulated value has no element-wise form")
+            raise refuse(name, f"{type(x).__name__} in the accumulated value has no element-wise form")
         if isinstance(x, Bin) and x.op not in _BINARY_C and x.op not in ("max", "gt"):
-            raise refuse(NAME, f"operator {x.op} in the accumulated value has no element-wise form")
+            raise refuse(name, f"operator {x.op} in the accumulated value has no element-wise form")
         if isinstance(x, Read) and x.tensor not in inputs:
-            raise refuse(NAME, f"the accumulated value reads {x.tensor} outside a score: only kernel inputs")
+            raise refuse(name, f"the accumulated value reads {x.tensor} outside a score: only kernel inputs")
         affs = x.idx if isinstance(x, Read) else (x.aff,) if isinstance(x, IndexValue) else ()
         if isinstance(x, Select):
             if any(isinstance(cc, Or) for cc in x.conds):
-                raise refuse(NAME, f"the mask {' && '.join(map(str, x.conds))} holds a disjunction (||): this "
+                raise refuse(name, f"the mask {' && '.join(map(str, x.conds))} holds a disjunction (||): this "
                              "mapping prints conjunctions of comparisons only (not implemented)")
             affs = tuple(a for cc in x.conds for a in (cc.lhs, cc.rhs))
         for a in affs:
-            if n in a.names():
-                raise refuse(NAME, f"the accumulated value depends on the output column {n}: it is no A operand")
+            if n is not None and n in a.names():
+                raise refuse(name, f"the accumulated value depends on the output column {n}: it is no A operand")
             if not a.names() <= allowed:
-                raise refuse(NAME, f"the accumulated value uses {sorted(a.names() - allowed)}: only the row, the "
+                raise refuse(name, f"the accumulated value uses {sorted(a.names() - allowed)}: only the row, the "
                              "column, the tiles, batch indices and sizes")
 
 
-def _stride(op: Operand, pos: int, fixed: dict[str, int]) -> str:
-    lit, names = 1, []
-    for d in op.dims[pos + 1:]:
-        if d in fixed:
-            lit *= fixed[d]
-        else:
-            names.append(f"sz_{d}")
-    return str(lit) if not names else "(long long)" + " * ".join(names + ([str(lit)] if lit != 1 else []))
-
-
-def _base(op: Operand, fixed: dict[str, int], tile: str) -> str:
-    """C pointer expression: the operand's batch offset plus `tile` rows."""
-    terms = [f"{loop_block_var(r)} * {_stride(op, i, fixed)}" for i, r in enumerate(op.roles) if r not in ("seq", "head")]
-    terms.append(f"(long long)({tile}) * {_stride(op, op.roles.index('seq'), fixed)}")
-    return " + ".join(terms)
-
-
-def context(m: _Match) -> dict:
-    p, k = m.plan, m.k
-    fixed = k.fixed()
-    sizes = size_names(k.sizes)
-    bidx = block_index_c([(g.var, ext_c(g.ext, sizes), g.axis) for g in k.grid])
-    batch = {g.var: loop_block_var(g.var) for g in k.grid if g.var != m.rtile}
+def element_value_c(k: Kernel, value: Expr, names: dict[str, str], score_of: dict[Reduce, str]) -> str:
+    """C expression of the element-wise value at one fragment element: score sums as the fragment
+    registers `score_of` names, reads of inputs with their bounds guards, `names` the C names of
+    the kernel IR's index variables (shared by the tile-sum and the store forms)."""
     ptr = {t.name: f"p_{ident(t.name)}" for t in k.tensors}
-    elem = DTYPES[p.dtype].bytes
-    threads = p.warps * 32
-    rows_w = p.block_m // p.warps
-    if rows_w * p.warps != p.block_m or rows_w % 16 or p.block_n % 16 or p.head % 16:
-        raise ValueError(f"rows per warp {p.block_m}/{p.warps}, column tile {p.block_n} and head dim {p.head} "
-                         "must be multiples of 16")
-    group = {g.var: loop_block_var(g.var) for g in m.groups}
-    names = {**sizes, **batch, **group, m.rtile: "rt", m.loop.var: "it", m.row: "er_", m.col: "ec_"}
-    score_of = {s.sum: f"sc{i}[mi][nt][e]" for i, s in enumerate(p.scores)}
 
     def read(r: Read) -> str:
         t = k.tensor(r.tensor)
@@ -349,6 +324,43 @@ def context(m: _Match) -> dict:
         if isinstance(e, Un):
             return unary_c(e.op, val(e.a))
         raise ValueError(f"{type(e).__name__} has no element-wise form")
+
+    return val(value)
+
+
+def stride_c(op: Operand, pos: int, fixed: dict[str, int]) -> str:
+    lit, names = 1, []
+    for d in op.dims[pos + 1:]:
+        if d in fixed:
+            lit *= fixed[d]
+        else:
+            names.append(f"sz_{d}")
+    return str(lit) if not names else "(long long)" + " * ".join(names + ([str(lit)] if lit != 1 else []))
+
+
+def base_c(op: Operand, fixed: dict[str, int], tile: str) -> str:
+    """C pointer expression: the operand's batch offset plus `tile` rows."""
+    terms = [f"{loop_block_var(r)} * {stride_c(op, i, fixed)}" for i, r in enumerate(op.roles) if r not in ("seq", "head")]
+    terms.append(f"(long long)({tile}) * {stride_c(op, op.roles.index('seq'), fixed)}")
+    return " + ".join(terms)
+
+
+def context(m: _Match) -> dict:
+    p, k = m.plan, m.k
+    fixed = k.fixed()
+    sizes = size_names(k.sizes)
+    bidx = block_index_c([(g.var, ext_c(g.ext, sizes), g.axis) for g in k.grid])
+    batch = {g.var: loop_block_var(g.var) for g in k.grid if g.var != m.rtile}
+    ptr = {t.name: f"p_{ident(t.name)}" for t in k.tensors}
+    elem = DTYPES[p.dtype].bytes
+    threads = p.warps * 32
+    rows_w = p.block_m // p.warps
+    if rows_w * p.warps != p.block_m or rows_w % 16 or p.block_n % 16 or p.head % 16:
+        raise ValueError(f"rows per warp {p.block_m}/{p.warps}, column tile {p.block_n} and head dim {p.head} "
+                         "must be multiples of 16")
+    group = {g.var: loop_block_var(g.var) for g in m.groups}
+    names = {**sizes, **batch, **group, m.rtile: "rt", m.loop.var: "it", m.row: "er_", m.col: "ec_"}
+    score_of = {s.sum: f"sc{i}[mi][nt][e]" for i, s in enumerate(p.scores)}
 
     guards = tuple(c for c in _zero_guards(m.value) if m.loop.var in c.lhs.names() | c.rhs.names())
     blk = {**sizes, **batch, **group, m.rtile: "rt"}
@@ -387,15 +399,15 @@ def context(m: _Match) -> dict:
         batch_decls=[f"const long long {v} = {bidx[g]};" for g, v in batch.items()],
         groups=[dict(var=group[g.var], ext=f"(long long)({ext_c(g.ext, {**blk, **group})})") for g in m.groups],
         rtile_expr=rtile_expr,
-        row_tiles=[dict(ptr=ptr[t.op.name], base=_base(t.op, fixed, "rt * %d" % p.block_m), register=t.level == "register",
+        row_tiles=[dict(ptr=ptr[t.op.name], base=base_c(t.op, fixed, "rt * %d" % p.block_m), register=t.level == "register",
                         lim=sizes[t.rows_size] + " - rt * %d" % p.block_m) for t in p.row_tiles],
-        col_tiles=[dict(ptr=ptr[t.op.name], base=_base(t.op, fixed, "0"), step=_stride(t.op, t.op.roles.index("seq"), fixed),
+        col_tiles=[dict(ptr=ptr[t.op.name], base=base_c(t.op, fixed, "0"), step=stride_c(t.op, t.op.roles.index("seq"), fixed),
                         lim=sizes[t.rows_size]) for t in p.col_tiles],
-        row_lds=[_stride(t.op, t.op.roles.index("seq"), fixed) for t in p.row_tiles],
+        row_lds=[stride_c(t.op, t.op.roles.index("seq"), fixed) for t in p.row_tiles],
         scores=[dict(row=s.row, col=s.col) for s in p.scores], acc_tile=p.acc_tile,
-        value=val(m.value), begin_expr=begin, end_expr=end, warp_empty=empty,
-        out_ptr=ptr[p.out.name], out_base=_base(p.out, fixed, "rt * %d" % p.block_m),
-        out_ld=_stride(p.out, p.out.roles.index("seq"), fixed), out_lim=f"{sizes[out_seq]} - rt * {p.block_m}",
+        value=element_value_c(k, m.value, names, score_of), begin_expr=begin, end_expr=end, warp_empty=empty,
+        out_ptr=ptr[p.out.name], out_base=base_c(p.out, fixed, "rt * %d" % p.block_m),
+        out_ld=stride_c(p.out, p.out.roles.index("seq"), fixed), out_lim=f"{sizes[out_seq]} - rt * {p.block_m}",
         smem_bytes=row_smem + col_smem, col_smem_off=row_smem, tile_bytes_r=tile_bytes_r, tile_bytes_c=tile_bytes_c,
         summary=(f"mma.sync tile sum {p.block_m}x{p.block_n} d{p.head}, warps {p.warps}, stages {p.stages}, "
                  f"{len(p.scores)} score tile(s), row tiles {len(p.row_tiles)}, column tiles {len(p.col_tiles)}"
