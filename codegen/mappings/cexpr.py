@@ -171,12 +171,14 @@ def first_tile_c(conds: tuple[Cond, ...], var: str, box: Mapping[str, tuple[str,
     coefficient picks) + t*var > b (b = 0 for <, -1 for <=), i.e. var >= ceil((b + 1 - A_max) / t).
     The conditions are half-spaces, so the tiles they can reach form one interval: the tiles below
     the largest of these bounds are fully masked for the whole box.  A disjunction reaches the
-    union of its parts' tiles: it starts at the least of their starts (at 0 when a part has none).
+    union of its parts' tiles: it starts at the least of their starts (at 0 when a part bounds `var`
+    only from above).  A part without `var` (prefix-LM's key j < Prefix, over query tiles) reaches
+    every tile where it holds somewhere in the box and none where it holds nowhere.
     """
     starts = []
     for c in conds:
         if isinstance(c, Or):  # the union of the parts' ranges: the least of their starts
-            parts = [_start(p, var, box, names) for p in c.parts]
+            parts = [_or_part_start(p, var, box, names) for p in c.parts]
             if all(parts):
                 starts.append(_nested("min", parts))
             continue
@@ -192,6 +194,25 @@ def _nested(fn: str, xs: list[str]) -> str:
     for x in xs[1:]:
         out = f"{fn}({out}, {x})"
     return out
+
+
+# a tile index past every tile (N < 2^31 rows: fewer than 2^30 tiles), small enough that a
+# printer's int arithmetic on it (begin + stage) cannot overflow
+NO_TILE = "(1LL << 30)"
+
+
+def _or_part_start(c: Cond, var: str, box: Mapping[str, tuple[str, str]], names: Mapping[str, str]) -> str:
+    """A disjunct's first tile ("" when it reaches tile 0: it bounds `var` only from above)."""
+    if c.rhs.coef(var) != c.lhs.coef(var):
+        return _start(c, var, box, names)
+    return f"({box_extremes(c, box, names)[1]} ? {NO_TILE} : 0LL)"
+
+
+def _or_part_end(c: Cond, var: str, box: Mapping[str, tuple[str, str]], names: Mapping[str, str]) -> str:
+    """A disjunct's end ("" when it has none: it bounds `var` only from below)."""
+    if c.rhs.coef(var) != c.lhs.coef(var):
+        return _end(c, var, box, names)
+    return f"({box_extremes(c, box, names)[1]} ? 0LL : {NO_TILE})"
 
 
 def _start(c: Cond, var: str, box: Mapping[str, tuple[str, str]], names: Mapping[str, str]) -> str:
@@ -216,11 +237,12 @@ def end_tile_c(conds: tuple[Cond | Or, ...], var: str, box: Mapping[str, tuple[s
     condition bounds it from above).  slack = rhs - lhs = A + t*var with t < 0 holds somewhere iff
     max(A) + t*var > b (b = 0 for <, -1 for <=): var <= floor((max(A) - b - 1) / -t).  A
     disjunction reaches the union of its parts' tiles: it ends at the greatest of their ends, and
-    bounds nothing when a part has no end."""
+    bounds nothing when a part has no end (a part without `var`: no end where it holds somewhere
+    in the box, tile 0 where it holds nowhere)."""
     ends = []
     for c in conds:
         if isinstance(c, Or):
-            parts = [_end(p, var, box, names) for p in c.parts]
+            parts = [_or_part_end(p, var, box, names) for p in c.parts]
             if all(parts):
                 ends.append(_nested("max", parts))
             continue

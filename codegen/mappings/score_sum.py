@@ -30,8 +30,9 @@ range and the column ring anew.
 A transposed use (a score read at [c, row], or a row-lane read of the accumulation's B) has no
 register form here and is refused by name, as is any other statement.  The tile range is the
 kernel IR's extent, narrowed for the block to the tiles the zero guards of A can reach (the
-iterations outside contribute 0: cexpr.first_tile_c and its upper twin end_tile_c); a warp
-whose rows the guards mask for a whole tile skips its products.
+iterations outside contribute 0: cexpr.first_tile_c and its upper twin end_tile_c; a disjunction
+reaches the union of its parts' ranges); a warp whose rows the guards mask for a whole tile
+(a disjunction: every part) skips its products.
 """
 from __future__ import annotations
 
@@ -117,7 +118,12 @@ def _group_inner(loop: TileLoop) -> TileLoop | None:
     return inner
 
 
-def _zero_guards(e: Expr) -> tuple[Cond, ...]:
+def comparisons(c: Cond | Or) -> tuple[Cond, ...]:
+    """The comparisons of one conjunct of a guard: itself, or a disjunction's parts."""
+    return c.parts if isinstance(c, Or) else (c,)
+
+
+def _zero_guards(e: Expr) -> tuple[Cond | Or, ...]:
     """Conditions each of which, false, makes e exactly 0 (the guards of every contribution)."""
     if isinstance(e, Select) and e.other == Const(0.0):
         return e.conds + _zero_guards(e.then)
@@ -280,11 +286,8 @@ def check_elementwise(value: Expr, k: Kernel, allowed: set[str], n: str | None, 
         if isinstance(x, Read) and x.tensor not in inputs:
             raise refuse(name, f"the accumulated value reads {x.tensor} outside a score: only kernel inputs")
         affs = x.idx if isinstance(x, Read) else (x.aff,) if isinstance(x, IndexValue) else ()
-        if isinstance(x, Select):
-            if any(isinstance(cc, Or) for cc in x.conds):
-                raise refuse(name, f"the mask {' && '.join(map(str, x.conds))} holds a disjunction (||): this "
-                             "mapping prints conjunctions of comparisons only (not implemented)")
-            affs = tuple(a for cc in x.conds for a in (cc.lhs, cc.rhs))
+        if isinstance(x, Select):  # a disjunction prints as one parenthesised C || (cexpr.cond_c)
+            affs = tuple(a for cc in x.conds for part in comparisons(cc) for a in (part.lhs, part.rhs))
         for a in affs:
             if n is not None and n in a.names():
                 raise refuse(name, f"the accumulated value depends on the output column {n}: it is no A operand")
@@ -362,7 +365,9 @@ def context(m: _Match) -> dict:
     names = {**sizes, **batch, **group, m.rtile: "rt", m.loop.var: "it", m.row: "er_", m.col: "ec_"}
     score_of = {s.sum: f"sc{i}[mi][nt][e]" for i, s in enumerate(p.scores)}
 
-    guards = tuple(c for c in _zero_guards(m.value) if m.loop.var in c.lhs.names() | c.rhs.names())
+    # the zero guards over the tile index; a disjunction (prefix-LM's j <= i || j < Prefix) narrows
+    # the range to the union of its parts' ranges, and a warp is empty where every part is
+    guards = tuple(c for c in _zero_guards(m.value) if m.loop.var in c.names())
     blk = {**sizes, **batch, **group, m.rtile: "rt"}
     box = {m.row: ("0", str(p.block_m - 1)), m.col: ("0", str(p.block_n - 1))}
     begin = first_tile_c(guards, m.loop.var, box, blk)
@@ -371,7 +376,8 @@ def context(m: _Match) -> dict:
     if upper is not None:
         end = f"min({end}, {upper})"
     # the tile range grows with the row tile (causal dQ): heaviest row tiles first, fewer idle SMs at the end
-    grows = any((c.rhs - c.lhs).coef(m.loop.var) < 0 and (c.rhs - c.lhs).coef(m.rtile) > 0 for c in guards)
+    grows = any((c.rhs - c.lhs).coef(m.loop.var) < 0 and (c.rhs - c.lhs).coef(m.rtile) > 0
+                for g in guards for c in comparisons(g))
     rdim = next(g for g in k.grid if g.var == m.rtile)
     rtile_expr = f"(int)({ext_c(rdim.ext, sizes)} - 1 - {bidx[m.rtile]})" if grows else f"(int){bidx[m.rtile]}"
     warp_box = {m.row: ("(warp * %d)" % rows_w, "(warp * %d + %d)" % (rows_w, rows_w - 1)),
