@@ -5,7 +5,7 @@ mask / bias / ALiBi / GQA / layout, GEMM with its epilogue, row norms), at lengt
 are not multiples of the tiles.  Attention runs at N = 1, 77, 129, 1000 (4097 for the causal d64
 example), plain and with logits x8; masks that leave rows without a key (strict causal's query 0,
 a window W = 0, bottom-right causal with NQ > NK) must give rows of exact zeros in the output and
-in dQ, and no NaN anywhere.  An example without an entry in REFERENCES fails on the CPU
+in dQ, and no NaN anywhere; prefix-LM (j <= i || j < Prefix) runs at prefixes 0, 1, 100 and past N.  An example without an entry in REFERENCES fails on the CPU
 (tests/test_grad_examples.py): a new *_grad.yaml must say what it computes.
 """
 from __future__ import annotations
@@ -78,7 +78,8 @@ def attention(mask: str, *, layout: str = "bhnd", gqa: bool = False, bias: bool 
         if alibi:
             s = s + x["Slope"].view(1, -1, 1, 1) * (j - i)
         keep = {"none": torch.ones(nq, nk, dtype=torch.bool, device=q.device), "causal": j <= i, "strict": j < i,
-                "window": (j <= i) & (i - j < sizes.get("W", 0)), "bottom_right": j <= i + nk - nq}[mask]
+                "window": (j <= i) & (i - j < sizes.get("W", 0)), "bottom_right": j <= i + nk - nq,
+                "prefix": (j <= i) | (j < sizes.get("Prefix", 0))}[mask]
         o = _safe_softmax(torch, s, keep) @ v
         return o.transpose(1, 2) if layout == "bnhd" else o
     return run
@@ -140,6 +141,13 @@ def _window_cases() -> tuple[Case, ...]:
                  for n, w in ((1, 0), (77, 0), (77, 1), (129, 100), (1000, 1), (1000, 100)) for lg in (1.0, 8.0))
 
 
+def _prefix_cases() -> tuple[Case, ...]:
+    """Prefix = 0 is causal; 1 adds key 0; 100 crosses the diagonal inside a 128-row tile (and past
+    a 64-row tile); 2N + 3 lies beyond N (every row sees every key: non-causal)."""
+    return tuple(Case({"B": 2 if n <= 129 else 1, "H": 3 if n <= 129 else 2, "N": n, "D": 128, "Prefix": p}, lg, ("Prefix",))
+                 for n in (1, 77, 129, 1000) for p in (0, 1, 100, 2 * n + 3) for lg in (1.0, 8.0))
+
+
 def _bottom_right_cases() -> tuple[Case, ...]:
     return tuple(Case({"B": 2 if nq * nk < 20000 else 1, "H": 2, "NQ": nq, "NK": nk, "D": 128}, lg)
                  for nq, nk in ((77, 129), (129, 77), (1, 1000), (1000, 1), (1000, 1000)) for lg in (1.0, 8.0))
@@ -160,6 +168,7 @@ REFERENCES: dict[str, Ref] = {
     "attention_gqa_grad": Ref("attention", _gqa_cases(), attention("causal", gqa=True)),
     "flash_attention_wgmma_bnhd_grad": Ref("attention", _attn_cases(128), attention("causal", layout="bnhd")),
     "attention_bottom_right_causal_grad": Ref("attention", _bottom_right_cases(), attention("bottom_right")),
+    "attention_prefix_lm_grad": Ref("attention", _prefix_cases(), attention("prefix")),
     "gemm_grad": Ref("gemm", GEMM_CASES, gemm("none")),
     "gemm_bias_relu_grad": Ref("gemm_relu", GEMM_CASES, gemm("relu")),
     "gemm_bias_gelu_grad": Ref("gemm", GEMM_CASES, gemm("gelu")),
