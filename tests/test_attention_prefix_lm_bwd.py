@@ -2,8 +2,8 @@
 dV, dK, dQ map to score_sum with the disjunction printed as one C ||; each tile range is the union
 of the disjuncts' ranges (dQ's key tiles end at the greater of the diagonal's and the prefix's
 ends, dK / dV's query tiles start at 0 where the key tile meets the prefix); the whole backward run
-through the emulation agrees with float64 at a prefix crossing the diagonal and one beyond N; and
-a dropped disjunct, or one disjunct's range in place of the union, fails the build at the kernel
+through the emulation agrees with float64 at a prefix crossing the diagonal and one beyond N; MASK
+(skip_masked) on dQ is refused by name; and a dropped disjunct, or one disjunct's range in place of the union, fails the build at the kernel
 step."""
 from __future__ import annotations
 
@@ -49,6 +49,19 @@ def test_backward_kernels_map_to_score_sum_with_the_disjunction_printed(built):
         # rows = keys for dK / dV (the score tile transposed), rows = queries for dQ
         i, j = ("ec_ + 64 * it", "er_ + 64 * rt") if k != "dQ" else ("er_ + 64 * rt", "ec_ + 64 * it")
         assert f"((({j}) <= ({i})) || (({j}) < (sz_Prefix)))" in src, k
+
+
+def test_skip_masked_on_dq_is_refused_by_name(tmp_path):
+    """dQ's key tiles end at max(diagonal, prefix): MASK has no extent for it, so the schedule leaves
+    skip_masked out; asking for it is refused by name, not mis-derived."""
+    text = EXAMPLE.read_text()
+    at = "        - {rule: tile, def: dQ, index: j, size: 64}\n"
+    assert at in text
+    spec = tmp_path / EXAMPLE.name
+    spec.write_text(text.replace(at, at + "        - {rule: skip_masked, def: dQ, index: jo}\n"))
+    proc = _build(spec, tmp_path / "out")
+    assert proc.returncode != 0
+    assert "skip_masked" in proc.stderr and "only through a disjunction" in proc.stderr, proc.stderr[-1000:]
 
 
 def _bound(src: str, name: str) -> str:
