@@ -280,6 +280,7 @@ DISJUNCTIONS = [  # prefix-LM and disjunctions whose parts bound the key tile fr
     ("j >= i - 5 || j >= 2 * i - 300", {}),
     ("i - j < W || j < 3", {"W": "dynamic"}),
     ("j > i + 100 || j + W >= i", {"W": 64}),
+    ("j <= i || i < W", {"W": "dynamic"}),  # a part without the key: every tile where it holds, else none
 ]
 
 
