@@ -178,10 +178,29 @@ def test_fuse_into_non_reader():
     refused(attention(), "fuse", "does not read", producer="S", **D("O"))
 
 
-def test_unfuse_of_nested_reduction():
-    p = program_of(spec_text(["Y[i] = sum(j: max(k: X[i, j, k]))"], {"X": (["M", "N", "K"], "f32")},
+def test_unfuse_inside_a_softmax():
+    p = program_of(spec_text(["Y[i, j] = softmax(j: sum(k: X[i, j, k]))"], {"X": (["M", "N", "K"], "f32")},
                              {"M": 3, "N": 4, "K": 5}, "Y"))
-    refused(p, "unfuse", "top-level", **D("Y"), index="k", name="U")
+    refused(p, "unfuse", "inside a softmax", **D("Y"), index="k", name="U")
+
+
+def test_unfuse_inside_a_reduction_of_a_tiled_extent():
+    p = apply(program_of(spec_text(["Y[i] = sum(j: max(k: X[i, j, k]))"], {"X": (["M", "N", "K"], "f32")},
+                                   {"M": 3, "N": "dynamic", "K": 5}, "Y")), "tile", **D("Y"), index="j", size=2)
+    refused(p, "unfuse", "not a plain size expression", **D("Y"), index="k", name="U")
+
+
+def test_unfuse_inside_reductions_is_a_partial_per_enclosing_index():
+    """The strided partial column sums of the norm backwards: tile, reorder, unfuse."""
+    spec = program_of(spec_text(["Y[c] = sum(r: X[r, c] * X[r, c])"], {"X": (["R", "C"], "f32")},
+                                {"R": "dynamic", "C": 6}, "Y"))
+    p = apply_steps(spec, [{"rule": "tile", "def": "Y", "index": "r", "size": 4, "outer": "ro", "inner": "ri"},
+                           {"rule": "reorder", "def": "Y", "outer": "ro", "inner": "ri"},
+                           {"rule": "unfuse", "def": "Y", "index": "ro", "name": "P"}])
+    part = p.def_named("P")
+    assert [lp.var for lp in part.loops] == ["ri", "c"] and [str(d) for d in part.type.dims] == ["4", "C"]
+    for r in (1, 4, 9):  # a partial tile, a whole one, partials of unequal length
+        assert numeric_error(spec, p, {"R": r}) < 1e-12
 
 
 def test_unfuse_using_tiled_loop():
