@@ -94,6 +94,8 @@ def main(args: argparse.Namespace) -> int:
         return _error(f"{out_dir}: not a derivc build directory (no readable {BUILD_MARKER})")
     if foreign:
         return _error(f"{out_dir}: holds {foreign[0]}, which derivc did not write: nothing tuned")
+    if (out_dir / "kernels.json").exists():
+        return _error(f"{out_dir}: a chain of kernels (kernels.json): tuning a chain is not implemented")
     if len(built_dirs(out_dir)) < 2:
         return _error(f"{out_dir}: one schedule only (no variants: in the spec, or every other variant refused): "
                       "nothing to tune")
