@@ -281,12 +281,26 @@ def derive(
     check: bool = True,
     upto: int | None = None,
 ) -> Derivation:
-    """Apply the schedule to the spec, checking every step; returns the whole derivation."""
+    """Apply the schedule to the spec, checking every step; returns the whole derivation.  A spec
+    with schedule variants derives its default (the first value of each choice; `derivc build`
+    derives the others beside it)."""
+    choice = None
+    if spec.variants:
+        from .schedule_variants import expand
+
+        try:
+            default = expand(spec)[0]
+        except SpecError as exc:
+            raise exc.in_file(file) from None
+        spec, choice = default.spec, default.as_dict()
     try:
         ir0 = lower_spec(spec)
     except SpecError as exc:
         raise exc.in_file(file) from None
-    return derive_program(spec, ir0, spec.schedule, file, seed=seed, check=check, upto=upto)
+    d = derive_program(spec, ir0, spec.schedule, file, seed=seed, check=check, upto=upto)
+    if choice is not None:
+        d.variant_choice = choice
+    return d
 
 
 def derive_program(

@@ -179,7 +179,7 @@ RELU_BWD_MMA = {**RELU_BWD, "name": "gemm_relu_bwd_mma", "schedule": _MMA_SYNC}
 
 BUILDS = {  # spec -> (printer named in the kernel's first line, text the kernel must contain)
     "log_softmax": (LOG_SOFTMAX, "(rowwise:", "logf("),
-    "row_lse": (ROW_LSE, "(SIMT", "> ("),
+    "row_lse": (ROW_LSE, "(rowwise", "> ("),  # a value per row: one block per row
     "simt_log_gt": (SIMT, "(SIMT", "logf("),
     "gemm_relu_bwd": (RELU_BWD, "wgmma", "> (0.0f) ? 1.0f : 0.0f"),
     "gemm_gt_ties": (RELU_BWD_TIES, "wgmma", "logf("),
@@ -201,8 +201,8 @@ def test_builds_pass_the_kernel_step(tmp_path, name):
 
 
 def _mutate_gt(monkeypatch, op: str) -> None:
-    def wrong(a: str, b: str) -> str:
-        return f"(({a}) {op} ({b}) ? 1.0f : 0.0f)"
+    def wrong(a: str, b: str, real: str = "float") -> str:
+        return f"(({a}) {op} ({b}) ? {cexpr.float_const_c(1.0, real)} : {cexpr.float_const_c(0.0, real)})"
 
     for mod in (cexpr, simt, rowwise, epilogue):
         monkeypatch.setattr(mod, "gt_c", wrong)

@@ -258,7 +258,9 @@ def test_split_kv_combine_mutations_fail(monkeypatch, tmp_path, coq_lib, mutatio
             num = replace(num, body=Bin("*", subst_index(num.body.a, num.var, Aff.lit(0)), num.body.b))
         return new.with_def(replace(d, body=replace(d.body, body=Bin("/", num, den))))
 
-    monkeypatch.setattr(rule, "rewrite", types.MethodType(bad, rule))
+    # on the class: an instance attribute would outlive monkeypatch's undo (it restores the bound
+    # method as an attribute of the instance, which then shadows later patches of the class)
+    monkeypatch.setattr(type(rule), "rewrite", bad)
     ok = _check_steps(_derive_decode(), tmp_path, coq_lib, {SPLIT_KV_STEP - 1, SPLIT_KV_STEP})
     assert ok[SPLIT_KV_STEP - 1], "the step before is correct and must pass"
     assert not ok[SPLIT_KV_STEP]
