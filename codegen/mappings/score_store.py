@@ -31,7 +31,9 @@ from .common import bound_cond, launch_of, operand, refuse, staged
 from .ctx_common import DEFAULT_OPTIONS, ident, loop_block_var, source
 from .plan import Operand
 from .registry import Mapping, Printed, Variant, register
-from .score_sum import Score, Tile, base_c, check_elementwise, element_value_c, score_sums, stage_tile, stride_c
+from .score_sum import (
+    Score, Tile, base_c, check_elementwise, element_value_c, kernel_params_c, score_sums, stage_tile, stride_c,
+)
 
 NAME = "score_store mma_sync"
 
@@ -147,14 +149,7 @@ def context(m: _Match) -> dict:
                          "must be multiples of 16")
     names = {**sizes, **batch, m.rtile: "rt", m.ctile: "ct", m.row: "er_", m.col: "ec_"}
     score_of = {s.sum: f"sc{i}[mi][nt][e]" for i, s in enumerate(p.scores)}
-    params, arg_names = [], []
-    for t in k.tensors:
-        cty = DTYPES[t.dtype].ctype
-        params.append(f"{cty}* __restrict__ {ptr[t.name]}" if t.output else f"const {cty}* __restrict__ {ptr[t.name]}")
-        arg_names.append(t.name)
-    for d in k.dynamic():
-        params.append(f"int sz_{d}")
-        arg_names.append(d)
+    params, arg_names = kernel_params_c(k, ptr)
     tile_bytes_r = p.block_m * p.head * elem
     tile_bytes_c = p.block_n * p.head * elem
     row_smem = len(p.row_tiles) * tile_bytes_r
@@ -169,7 +164,7 @@ def context(m: _Match) -> dict:
     return dict(
         kname=ident(k.name), threads=p.warps * 32, dt=p.dtype, out_dt=p.out.dtype, ct=p.dtype + "_t", elem=elem,
         vec=16 // elem, D=p.head, BM=p.block_m, BN=p.block_n, ROWS_W=rows_w, MI=rows_w // 16, NT=p.block_n // 8,
-        KD=p.head // 16, swizzle=True, params=", ".join(params), _arg_names=tuple(arg_names),
+        KD=p.head // 16, swizzle=True, params=params, _arg_names=arg_names,
         batch_decls=[f"const long long {v} = {bidx[g]};" for g, v in batch.items()],
         rtile_expr=f"(int){bidx[m.rtile]}", ctile_expr=f"(int){bidx[m.ctile]}",
         row_tiles=[tile_ctx(t, "rt", p.block_m) for t in p.row_tiles],

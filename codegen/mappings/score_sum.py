@@ -45,9 +45,9 @@ from compiler.printer import show_expr
 from ..kir.grid import block_index_c
 from ..kir.ir import Kernel, Stage, TileLoop
 from ..source import KernelSource
-from .cexpr import _BINARY_C, aff_c, box_extremes, cond_c, conds_c, end_tile_c, ext_c, first_tile_c, float_const_c, gt_c
+from .cexpr import _BINARY_C, box_extremes, conds_c, end_tile_c, ext_c, first_tile_c, float_const_c, gt_c
 from .cexpr import index_value_c, read_c, size_names, unary_c
-from .common import bound_cond, grid_axes, launch_of, operand, refuse, staged
+from .common import bound_cond, launch_of, operand, refuse, staged
 from .ctx_common import DEFAULT_OPTIONS, ident, loop_block_var, source
 from .online_fold import _roles
 from .plan import Operand
@@ -348,6 +348,20 @@ def base_c(op: Operand, fixed: dict[str, int], tile: str) -> str:
     return " + ".join(terms)
 
 
+
+def kernel_params_c(k: Kernel, ptr: dict[str, str]) -> tuple[str, tuple[str, ...]]:
+    """The kernel's C parameter list in the kernel IR's tensor order (outputs writable), then
+    the dynamic sizes; and the argument names the runtime passes in that order."""
+    params, names = [], []
+    for t in k.tensors:
+        ct = DTYPES[t.dtype].ctype
+        params.append(f"{ct}* __restrict__ {ptr[t.name]}" if t.output else f"const {ct}* __restrict__ {ptr[t.name]}")
+        names.append(t.name)
+    for d in k.dynamic():
+        params.append(f"int sz_{d}")
+        names.append(d)
+    return ", ".join(params), tuple(names)
+
 def context(m: _Match) -> dict:
     p, k = m.plan, m.k
     fixed = k.fixed()
@@ -384,14 +398,7 @@ def context(m: _Match) -> dict:
                 m.col: ("0", str(p.block_n - 1))}
     wnames = {**blk, m.loop.var: "it"}
     empty = " || ".join(box_extremes(c, warp_box, wnames)[1] for c in guards) if guards else None
-    params, arg_names = [], []
-    for t in k.tensors:
-        ct = DTYPES[t.dtype].ctype
-        params.append(f"{ct}* __restrict__ {ptr[t.name]}" if t.output else f"const {ct}* __restrict__ {ptr[t.name]}")
-        arg_names.append(t.name)
-    for d in k.dynamic():
-        params.append(f"int sz_{d}")
-        arg_names.append(d)
+    params, arg_names = kernel_params_c(k, ptr)
     tile_bytes_r = p.block_m * p.head * elem
     tile_bytes_c = p.block_n * p.head * elem
     row_smem = len(p.row_tiles) * tile_bytes_r
@@ -401,7 +408,7 @@ def context(m: _Match) -> dict:
         kname=ident(k.name), threads=threads, dt=p.dtype, out_dt=p.out.dtype, ct=p.dtype + "_t", elem=elem, vec=16 // elem,
         D=p.head, BM=p.block_m, BN=p.block_n, ROWS_W=rows_w, MI=rows_w // 16, NT=p.block_n // 8,
         KD=p.head // 16, KT2=p.block_n // 16, DT=p.head // 8, stages=p.stages, swizzle=True,
-        params=", ".join(params), _arg_names=tuple(arg_names),
+        params=params, _arg_names=arg_names,
         batch_decls=[f"const long long {v} = {bidx[g]};" for g, v in batch.items()],
         groups=[dict(var=group[g.var], ext=f"(long long)({ext_c(g.ext, {**blk, **group})})") for g in m.groups],
         rtile_expr=rtile_expr,
