@@ -300,3 +300,14 @@ def spec_builder(root: Path):
         return cache[name]
 
     return get
+
+
+def grad_kernel_irs(spec_path: Path) -> dict:
+    """The kernel IR of every backward kernel of a spec with grad:, by kernel name (derived
+    without numeric checks, seed 1)."""
+    from codegen.kir.lower import lower
+    from compiler.derive_grad import derive_gradient
+    from compiler.spec import load_spec_file
+
+    g = derive_gradient(load_spec_file(spec_path), str(spec_path), seed=1, check=False)
+    return {k.grad_kernel: lower(k.final, k.grad_kernel) for k in g.kernels}

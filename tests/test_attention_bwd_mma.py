@@ -139,12 +139,9 @@ def test_the_mapping_prints_any_score_sum_not_only_attention(tmp_path):
 
 @pytest.fixture(scope="module")
 def kernels():
-    from codegen.kir.lower import lower
-    from compiler.derive_grad import derive_gradient
-    from compiler.spec import load_spec_file
+    from derivc_testing import grad_kernel_irs
 
-    g = derive_gradient(load_spec_file(EXAMPLE), str(EXAMPLE), seed=1, check=False)
-    return {k.grad_kernel: lower(k.final, k.grad_kernel) for k in g.kernels}
+    return grad_kernel_irs(EXAMPLE)
 
 
 def _refused(k, *fragments):

@@ -53,12 +53,9 @@ def test_dbias_is_printed_by_the_store_form(built):
 
 @pytest.fixture(scope="module")
 def kernels():
-    from codegen.kir.lower import lower
-    from compiler.derive_grad import derive_gradient
-    from compiler.spec import load_spec_file
+    from derivc_testing import grad_kernel_irs
 
-    g = derive_gradient(load_spec_file(EXAMPLE), str(EXAMPLE), seed=1, check=False)
-    return {k.grad_kernel: lower(k.final, k.grad_kernel) for k in g.kernels}
+    return grad_kernel_irs(EXAMPLE)
 
 
 def _refused(k, *fragments):
