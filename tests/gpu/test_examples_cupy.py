@@ -37,8 +37,8 @@ GRAD_EXAMPLES = [p for p in grad_tests.EXAMPLES + grad_tests.RUNNABLE_PENDING if
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    """(derivation, loaded kernel) per example, built once per module (per xdist worker)."""
-    import derivc
+    """(derivation, build directory) per example, built once per module (per xdist worker) as
+    CI builds them (seed 0, no proofs); a *_grad build serves its forward test and its grad test."""
     from compiler.cli import build_to
 
     root = tmp_path_factory.mktemp("cupy_examples")
@@ -46,8 +46,7 @@ def built(tmp_path_factory):
 
     def get(path: Path) -> Any:
         if path.stem not in cache:
-            d = build_to(path, root / path.stem, seed=0, proofs=False)  # seed 0: as CI builds them
-            cache[path.stem] = (d, derivc.load(root / path.stem))
+            cache[path.stem] = (build_to(path, root / path.stem, seed=0, proofs=False), root / path.stem)
         return cache[path.stem]
 
     return get
@@ -62,7 +61,10 @@ def test_example_kernel_on_cupy_arrays_matches_spec(built, path: Path):
     from codegen.run_cmd import check_kernel, random_inputs_cupy, sizes_by_name
     from compiler.machine import DTYPES
 
-    d, kernel = built(path)
+    import derivc
+
+    d, out_dir = built(path)
+    kernel = derivc.load(out_dir)
     program, sizes = d.programs[0], dict(d.check_sizes)
     if "bf16" in _input_dtypes(program):
         _refuses_cupy_for_bf16(kernel, program, sizes)
@@ -110,23 +112,6 @@ def _refuses_cupy_for_bf16(kernel: Any, program: Any, sizes: dict[str, int]) -> 
         kernel(*args)
 
 
-@pytest.fixture(scope="module")
-def trainings(tmp_path_factory):
-    import derivc
-    from compiler.cli import build_to
-
-    root = tmp_path_factory.mktemp("cupy_grad_examples")
-    cache: dict[str, Any] = {}
-
-    def get(path: Path) -> Any:
-        if path.stem not in cache:
-            build_to(path, root / path.stem, seed=0, proofs=False)
-            cache[path.stem] = derivc.load_training(root / path.stem)
-        return cache[path.stem]
-
-    return get
-
-
 def _middle_case(ref: Any) -> int:
     """The case of middle size (by element count over its sizes): tails, not the largest run."""
     order = sorted(range(len(ref.cases)), key=lambda i: _elements(ref.cases[i].sizes))
@@ -141,11 +126,13 @@ def _elements(sizes: dict[str, int]) -> int:
 
 
 @pytest.mark.parametrize("path", GRAD_EXAMPLES, ids=lambda p: p.stem)
-def test_grad_example_on_cupy_arrays_matches_autograd(trainings, path: Path):
+def test_grad_example_on_cupy_arrays_matches_autograd(built, path: Path):
+    import derivc
+
     torch = pytest.importorskip("torch")  # the float64 reference is torch.autograd
     ref = grad_tests.REFERENCES[path.stem]
     index = _middle_case(ref)
-    t = trainings(path)
+    t = derivc.load_training(built(path)[1])
     kinds: list[type] = []
 
     def to_torch(x: Any) -> Any:
