@@ -50,8 +50,7 @@ def derive_calls(monkeypatch) -> list:
 
 
 def test_build_without_cupy_refuses_before_deriving(no_cupy, tmp_root, derive_calls):
-    with pytest.raises(derivc.GPUUnavailableError, match=r"derivc\.build\(.*gemm\.yaml\): not available: no GPU "
-                       r"\(CuPy is not installed.*nothing was built"):
+    with pytest.raises(derivc.GPUUnavailableError, match=r"derivc\.build\(.*gemm\.yaml\): .*CuPy is not installed"):
         derivc.build(GEMM)
     assert derive_calls == []
     assert list(tmp_root.iterdir()) == []
@@ -73,6 +72,7 @@ def test_the_refusal_is_the_cli_s_one_check(no_cupy, monkeypatch, tmp_root, deri
     """No second copy of the decision: with compiler.cli's check saying "here", build goes on."""
     import compiler.cli
 
+    assert derivc.gpu_missing is compiler.cli.gpu_missing
     seen = []
     monkeypatch.setattr(compiler.cli, "gpu_missing", lambda *m: seen.append(m) or "not available: (the CLI's check)")
     monkeypatch.setattr(derivc, "gpu_missing", compiler.cli.gpu_missing)
