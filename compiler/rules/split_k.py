@@ -30,7 +30,7 @@ from dataclasses import replace
 from pydantic import Field
 
 from ..ir import (
-    Aff, Def, Expr, Ext, Fold, Let, Loop, Program, Read, Reduce, Softmax, TensorType, fresh, map_children,
+    Aff, Def, Expr, Ext, Fold, Let, Loop, Program, Read, Reduce, Softmax, TensorType, children, fresh, map_children,
     names_in_program, subst_index,
 )
 from ..names import name_problem
@@ -60,15 +60,9 @@ def _sums_over(e: Expr, index: str, inside: bool = False) -> list[tuple[Reduce, 
         inside = True
     elif isinstance(e, (Reduce, Softmax, Fold, Let)):
         inside = True
-    for c in _children(e):
+    for c in children(e):
         out += _sums_over(c, index, inside)
     return out
-
-
-def _children(e: Expr) -> tuple[Expr, ...]:
-    found: list[Expr] = []
-    map_children(e, lambda c: found.append(c) or c)
-    return tuple(found)
 
 
 def _replace_node(e: Expr, site: Expr, new: Expr) -> Expr:
