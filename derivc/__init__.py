@@ -162,7 +162,11 @@ def _open(out_dir: Path, device: str) -> Any:
 
     if (out_dir / MANIFEST).is_file():
         from codegen.chain import KernelChain
+        from codegen.tuned import TunedChain
+        from compiler.tuning_table import TUNING_FILE
 
+        if (out_dir / TUNING_FILE).is_file():  # `derivc tune` measured the chain's variants
+            return TunedChain(out_dir, device=device)
         return KernelChain(out_dir, device=device)
     if device != "cuda":
         raise ValueError(f"device {device!r}: a one-kernel build runs on 'cuda' (the emulation runs chains "

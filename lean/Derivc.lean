@@ -17,3 +17,4 @@ import Derivc.Tactics
 import Derivc.Rules.Recompute
 import Derivc.Rules.SoftmaxBwd
 import Derivc.Rules.SoftmaxVjp
+import Derivc.Rules.SplitK

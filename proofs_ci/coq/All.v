@@ -18,3 +18,4 @@ Require Export Derivc.Tactics.
 Require Export Derivc.Rules.Recompute.
 Require Export Derivc.Rules.SoftmaxBwd.
 Require Export Derivc.Rules.SoftmaxVjp.
+Require Export Derivc.Rules.SplitK.
