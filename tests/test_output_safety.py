@@ -85,6 +85,29 @@ def test_file_added_to_a_previous_build_is_not_deleted(spec: Path, tmp_path: Pat
     assert snapshot(out) == before
 
 
+@pytest.mark.parametrize("folder", ["mine", "steps/mine", "mine/deeper"])
+def test_empty_folder_added_to_a_previous_build_is_not_deleted(spec: Path, tmp_path: Path, folder: str):
+    """Issue 20: folders count like files; an empty one the user made is theirs too."""
+    out = tmp_path / "out"
+    assert build(spec, out)[0] == 0
+    (out / folder).mkdir(parents=True)
+    before = snapshot(out)
+    rc, _, stderr = build(spec, out)
+    assert rc == 2 and stderr.count("\n") == 1 and f"holds {folder.split('/deeper')[0]}/" in stderr
+    assert (out / folder).is_dir() and snapshot(out) == before and leftovers(tmp_path) == []
+
+
+def test_marker_from_before_folders_were_recorded_still_replaces(spec: Path, tmp_path: Path):
+    out = tmp_path / "out"
+    assert build(spec, out, "--seed", "1")[0] == 0
+    marker = json.loads((out / ".derivc-build").read_text())
+    del marker["dirs"]  # as derivc wrote it before: folders implied by the files in them
+    (out / ".derivc-build").write_text(json.dumps(marker))
+    assert outdir_mod.foreign_files(out) == []
+    (out / "mine").mkdir()
+    assert outdir_mod.foreign_files(out) == ["mine/"]
+
+
 def test_edited_file_of_a_previous_build_is_not_overwritten(spec: Path, tmp_path: Path):
     out = tmp_path / "out"
     assert build(spec, out)[0] == 0
