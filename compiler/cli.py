@@ -530,10 +530,9 @@ def main(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
     """Run one command; returns the exit code.  `exiting`: the process ends right after (the
     console script): a signal that comes once the exit code is decided no longer changes it."""
     with interrupts_raise(exiting=exiting):
+        args: argparse.Namespace | None = None
         output: tuple[Path, tuple[int, int] | None] | None = None  # -o DIR and its identity before
         try:
-            with signals_held():  # numpy's BLAS threads start blocking SIGINT / SIGTERM: see codegen.cuda.nvrtc
-                import numpy  # noqa: F401
             parser = make_parser()
             try:
                 args, extras = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
@@ -542,10 +541,13 @@ def main(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
             if getattr(args, "output", None):
                 where = Path(args.output).absolute()
                 output = (where, dir_identity(where))
+            with signals_held():  # numpy's BLAS threads start blocking SIGINT / SIGTERM: see codegen.cuda.nvrtc
+                import numpy  # noqa: F401
             return _run(args, extras)
         except (KeyboardInterrupt, Terminated) as exc:  # later signals are ignored from here on
             what = "interrupted (SIGINT)" if isinstance(exc, KeyboardInterrupt) else "terminated (SIGTERM)"
-            error_line(f"{what}: {outcome_line(*output)}" if output else what)
+            done = outcome_line(*output) if output else "before it started, nothing written" if args is None else ""
+            error_line(f"{what}: {done}" if done else what)
             return 130 if isinstance(exc, KeyboardInterrupt) else exc.exit_code
         except BrokenPipeError:  # the reader went away (`| head`): quiet, like any filter
             _stdout_to_devnull()

@@ -2,13 +2,16 @@
 
 A build is written into a temporary directory beside DIR and swapped into place only when it
 is complete.  Every build directory carries a marker, `.derivc-build`: a small JSON listing
-each file derivc wrote there with its sha256.  An existing DIR is replaced only when it is
-empty, or when it is such a build and holds nothing but those files, unchanged (plus
-`proofs/verify.json`, which `derivc verify` writes); anything else is refused (exit 2).
+each file derivc wrote there with its sha256, and each folder it made.  An existing DIR is
+replaced only when it is empty, or when it is such a build and holds nothing but those files,
+unchanged, and those folders (plus `proofs/verify.json`, which `derivc verify` writes);
+anything else, an empty folder too, is refused (exit 2).
 
 The swap is one `renameat2(RENAME_EXCHANGE)` where the kernel offers it (two renames
 otherwise), with SIGINT / SIGTERM held back while the old build is exchanged and removed.
-An interrupted or failed build removes its temporary directory and leaves DIR as it was.
+An interrupted or failed build removes its temporary directory and leaves DIR as it was;
+under `interrupts_raise` (the command line) one signal unwinds the build, later ones are
+ignored so that nothing cuts the clean-up short, and `outcome_line` says what DIR holds.
 When codegen fails, the kernel source and the compiler log are moved to `DIR.failed/` (a
 directory of its own kind, marked `.derivc-failed`, replaced under the same rules).
 """

@@ -191,33 +191,37 @@ def sweep(tmp_path: Path, env: dict[str, str], shots: list[tuple[float, tuple[in
         if "holds the new build" in stderr:
             assert build_seed(out) == seed and outdir_mod.foreign_files(out) == [], what
         elif before is None:
-            assert "not created" in stderr and not out.exists(), what
-        else:
-            assert "left as it was" in stderr and snapshot(out) == before, what
+            assert ("not created" in stderr or "nothing written" in stderr) and not out.exists(), what
+        else:  # "nothing written": still importing (compiler/__main__.py)
+            assert ("left as it was" in stderr or "nothing written" in stderr) and snapshot(out) == before, what
 
 
-def _timed_build(tmp_path: Path, env: dict[str, str]) -> float:
+def _timed_build(tmp_path: Path, env: dict[str, str]) -> tuple[float, float]:
+    """(seconds until derivc's first line runs, seconds of a whole build).  A signal before
+    compiler/__main__.py runs meets the interpreter's own handlers: derivc cannot answer it."""
     t0 = time.monotonic()
+    subprocess.run([sys.executable, "-c", "import compiler"], cwd=ROOT, env=env, check=True)
+    t1 = time.monotonic()
     assert subprocess.run(_build_cmd(tmp_path / "out", 1), cwd=ROOT, env=env, capture_output=True).returncode == 0
-    return time.monotonic() - t0
+    return 2 * (t1 - t0), time.monotonic() - t1
 
 
 TERM, INT = signal.SIGTERM, signal.SIGINT
 
 
 def test_real_build_interrupted_at_a_few_instants(tmp_path: Path, fresh_nvrtc_env):
-    duration = _timed_build(tmp_path, fresh_nvrtc_env)
-    sweep(tmp_path, fresh_nvrtc_env, [(0.4 * duration, (TERM, TERM)), (0.7 * duration, (INT,)),
+    start, duration = _timed_build(tmp_path, fresh_nvrtc_env)
+    sweep(tmp_path, fresh_nvrtc_env, [(max(start, 0.4 * duration), (TERM, TERM)), (max(start, 0.7 * duration), (INT,)),
                                       (0.9 * duration, (TERM,))])
 
 
 @pytest.mark.slow
 def test_real_build_interrupted_at_any_instant(tmp_path: Path, fresh_nvrtc_env):
     """20 instants spread over a real build (NVRTC uncached), one signal or two in a row."""
-    duration = _timed_build(tmp_path, fresh_nvrtc_env)
+    start, duration = _timed_build(tmp_path, fresh_nvrtc_env)
     rng = random.Random(20)
     kinds = [(TERM,), (INT,), (TERM, TERM), (INT, TERM)]
-    shots = [(0.15 + (duration * 1.05 - 0.15) * k / 19, kinds[k % 4]) for k in range(20)]
+    shots = [(start + (duration * 1.05 - start) * k / 19, kinds[k % 4]) for k in range(20)]
     rng.shuffle(shots)
     sweep(tmp_path, fresh_nvrtc_env, shots)
 
