@@ -81,10 +81,10 @@ class LikeLibnvrtc:
 nvrtc._backend = lambda: LikeLibnvrtc()
 """
 
-# the signal comes while the new build is swapped in and the old one removed
-DURING_SWAP = OTHER_THREAD + """
-real_rmtree = od.shutil.rmtree
-sent = []
+# the signal comes while the new build is swapped in: while the old one is removed (after the
+# exchange), or between the two renames (where renameat2 is not offered: DIR is briefly absent)
+WHILE_REMOVING_OLD = OTHER_THREAD + """
+real_rmtree, sent = od.shutil.rmtree, []
 def rmtree(path, *a, **kw):
     if not sent:
         sent.append(os.kill(os.getpid(), signal.SIGTERM))
@@ -92,21 +92,43 @@ def rmtree(path, *a, **kw):
     real_rmtree(path, *a, **kw)
 od.shutil.rmtree = rmtree
 """
+BETWEEN_RENAMES = OTHER_THREAD + """
+od._exchange = lambda a, b: False
+real_replace, sent = od.os.replace, []
+def replace(src, dst):
+    real_replace(src, dst)
+    if not sent and os.path.basename(dst).startswith(".out.old-"):
+        sent.append(os.kill(os.getpid(), signal.SIGTERM))
+        time.sleep(0.2)
+od.os.replace = replace
+"""
 
-# a first SIGTERM while writing, a second one while the temporary directory is being removed
-TWICE = OTHER_THREAD + """
+# a first SIGTERM while writing, a second one while the temporary directory is removed, or
+# while the one-line message is printed
+FIRST = OTHER_THREAD + """
 import compiler.cli as cli
-real_write, real_rmtree = cli.write_outputs, od.shutil.rmtree
+real_write = cli.write_outputs
 def write_outputs(d, outdir, **kw):
     real_write(d, outdir, **kw)
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(5)
 cli.write_outputs = write_outputs
+"""
+SECOND_WHILE_CLEANING = FIRST + """
+real_rmtree = od.shutil.rmtree
 def rmtree(path, *a, **kw):
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(0.2)
     real_rmtree(path, *a, **kw)
 od.shutil.rmtree = rmtree
+"""
+SECOND_WHILE_REPORTING = FIRST + """
+real_error_line = cli.error_line
+def error_line(message):
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.2)
+    real_error_line(message)
+cli.error_line = error_line
 """
 
 
@@ -131,15 +153,17 @@ def test_signal_while_libnvrtc_has_its_handlers(tmp_path: Path, signum, code):
     assert snapshot(out) == before and leftovers(tmp_path) == []
 
 
-def test_signal_during_the_swap_says_the_new_build_is_in_place(tmp_path: Path):
-    out, before, proc = drive(tmp_path, DURING_SWAP, codegen=False)
+@pytest.mark.parametrize("setup", [WHILE_REMOVING_OLD, BETWEEN_RENAMES], ids=["exchange", "two-renames"])
+def test_signal_during_the_swap_says_the_new_build_is_in_place(tmp_path: Path, setup: str):
+    out, before, proc = drive(tmp_path, setup, codegen=False)
     assert proc.returncode == 143, proc.stderr
     assert proc.stderr.count("\n") == 1 and f"{out} holds the new build" in proc.stderr
     assert leftovers(tmp_path) == [] and build_seed(out) == 2 and outdir_mod.foreign_files(out) == []
 
 
-def test_second_sigterm_does_not_cut_the_cleanup_short(tmp_path: Path):
-    out, before, proc = drive(tmp_path, TWICE, codegen=False)
+@pytest.mark.parametrize("setup", [SECOND_WHILE_CLEANING, SECOND_WHILE_REPORTING], ids=["cleaning", "reporting"])
+def test_second_sigterm_cuts_nothing_short(tmp_path: Path, setup: str):
+    out, before, proc = drive(tmp_path, setup, codegen=False)
     assert proc.returncode == 143, proc.stderr
     assert proc.stderr.count("\n") == 1 and f"{out} left as it was" in proc.stderr
     assert snapshot(out) == before and leftovers(tmp_path) == []
