@@ -27,7 +27,7 @@ import shutil
 import signal
 import tempfile
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 
@@ -84,11 +84,22 @@ def _walk_dirs(root: Path) -> Iterator[str]:
                 yield (base / name).relative_to(root).as_posix()
 
 
+def _implied_dirs(files: Iterable[str]) -> set[str]:
+    """The folders that hold these files (posix paths relative to the build)."""
+    return {p.as_posix() for rel in files for p in Path(rel).parents if p != Path(".")}
+
+
 def write_marker(directory: Path, marker: str = BUILD_MARKER) -> None:
-    """Record every file and folder now in `directory` as written by derivc."""
+    """Record every file and folder now in `directory` as written by derivc.  Folders that hold
+    a recorded file are implied; the others (empty ones) are listed under "dirs", which a build
+    without such folders leaves out (its marker reads as before folders were recorded)."""
     files = {rel: _sha256(p) for rel, p in _walk_files(directory) if rel != marker and rel not in WRITTEN_LATER}
-    body = {"derivc": __version__, "kind": "build" if marker == BUILD_MARKER else "failed build", "files": files,
-            "dirs": list(_walk_dirs(directory))}
+    body: dict[str, object] = {"derivc": __version__, "kind": "build" if marker == BUILD_MARKER else "failed build",
+                               "files": files}
+    implied = _implied_dirs(files) | _implied_dirs(WRITTEN_LATER)
+    empty = [rel for rel in _walk_dirs(directory) if rel not in implied]
+    if empty:
+        body["dirs"] = empty
     (directory / marker).write_text(json.dumps(body, indent=1, sort_keys=True) + "\n")
 
 
@@ -98,10 +109,10 @@ def foreign_files(directory: Path, marker: str = BUILD_MARKER) -> list[str] | No
     try:
         body = json.loads((directory / marker).read_text())
         recorded = body["files"]
-        if not isinstance(recorded, dict):
+        listed = body.get("dirs", [])
+        if not isinstance(recorded, dict) or not isinstance(listed, list):
             return None
-        # a marker from before folders were recorded: derivc's folders are those holding its files
-        dirs = set(body.get("dirs") or (str(parent) for rel in recorded for parent in Path(rel).parents))
+        dirs = _implied_dirs(recorded) | {str(d) for d in listed}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     out = []
@@ -110,7 +121,7 @@ def foreign_files(directory: Path, marker: str = BUILD_MARKER) -> list[str] | No
             continue
         if p.is_symlink() or not p.is_file() or recorded.get(rel) != _sha256(p):
             out.append(rel)
-    dirs |= {str(parent) for rel in WRITTEN_LATER if (directory / rel).is_file() for parent in Path(rel).parents}
+    dirs |= _implied_dirs(rel for rel in WRITTEN_LATER if (directory / rel).is_file())
     return out + [f"{rel}/" for rel in _walk_dirs(directory) if rel not in dirs]
 
 
