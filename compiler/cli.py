@@ -192,9 +192,9 @@ def _write_program_and_kernel(d: Any, outdir: Path, codegen: bool) -> None:
             raise BuildError(f"{d.file}: codegen: {_one_line(exc)}", keep) from exc
 
 
-def _checks_skipped(emitted: dict[str, Any]) -> str | None:
+def _checks_skipped(emitted: dict[str, Any] | None) -> str | None:
     """The console line for a kernel NVRTC did not compile or whose SASS was not checked."""
-    variants = [r for r in emitted.values() if isinstance(r, dict) and "compiled" in r]
+    variants = [r for r in (emitted or {}).values() if isinstance(r, dict) and "compiled" in r]
     if any(not r["compiled"] for r in variants):
         return ("kernel NOT compiled: NVRTC not found (pip install nvidia-cuda-nvrtc-cu12, or set "
                 "DERIVC_NVRTC_LIB); the NVRTC and SASS checks were skipped")
