@@ -56,8 +56,11 @@ class GradDerivation:
                 if d.computed_by == FORWARD and d.name in reads and d.name not in saved:
                     saved.append(d.name)
             out = prog.tensor_type(prog.output)
-            kernels.append({"name": prog.output, "dir": f"grad/{prog.output}", "inputs": reads,
-                            "output": prog.output, "dtype": out.dtype, "shape": [str(a) for a in out.dims]})
+            entry = {"name": prog.output, "dir": f"grad/{prog.output}", "inputs": reads,
+                     "output": prog.output, "dtype": out.dtype, "shape": [str(a) for a in out.dims]}
+            also = [{"name": n, "dtype": prog.tensor_type(n).dtype, "shape": [str(a) for a in prog.tensor_type(n).dims]}
+                    for n in prog.also_outputs()]
+            kernels.append({**entry, "also": also} if also else entry)
         return {"of": self.gradient.of, "seed": self.gradient.seed, "wrt": [x for x, _ in self.gradient.grads],
                 "grads": dict(self.gradient.grads), "saved": saved, "kernels": kernels,
                 "grad": json_safe(self.record)}
