@@ -118,12 +118,16 @@ class _Match:
 
 
 def _group_inner(loop: TileLoop) -> TileLoop | None:
-    """The tile loop that `loop` only sums (acc := acc + the inner loop's sum, both from 0), or None."""
-    if len(loop.state) != 1 or len(loop.body) != 1 or not isinstance(loop.body[0], TileLoop):
+    """The tile loop that `loop` only sums (each acc := acc + the inner loop's matching sum, all
+    from 0), or None."""
+    if not loop.state or len(loop.body) != 1 or not isinstance(loop.body[0], TileLoop):
         return None
-    inner, st = loop.body[0], loop.state[0]
-    if len(inner.state) != 1 or st.init != Const(0.0) or st.update != Bin("+", Read(st.name, ()), Read(inner.state[0].name, ())):
+    inner = loop.body[0]
+    if len(inner.state) != len(loop.state):
         return None
+    for st, ist in zip(loop.state, inner.state):
+        if st.init != Const(0.0) or st.update != Bin("+", Read(st.name, ()), Read(ist.name, ())):
+            return None
     return inner
 
 
