@@ -211,3 +211,35 @@ def test_group_loops_around_two_sums_are_refused_by_name(fused_kernel):
     group = TileLoop("g", Ext.of(2), tot, (loop,))
     with pytest.raises(UnsupportedMapping, match="group loops around 2 sums"):
         render(replace(k, body=k.body[:-1] + (group,)))
+
+
+# -- the step's obligation -------------------------------------------------------------------
+
+def test_the_fuse_sums_obligation_is_proved_by_coqc_and_a_wrong_one_is_not(fused_kernel, tmp_path):
+    """The example's FUSE-SUMS step (dV = fst of the pair fold, dK = snd) and a MAP-MMA step on the
+    fused fold check with coqc; the obligation with its two components swapped does not."""
+    import json
+
+    from compiler.obligations import write_obligations
+    from proofs_ci import coqlib
+
+    if not coqlib.coqc_available():
+        pytest.skip("coqc not installed")
+    kd, _, _ = fused_kernel
+    write_obligations(kd, tmp_path / "proofs")
+    index = {s["rule"] + str(s["step"]): s for s in json.loads((tmp_path / "proofs" / "index.json").read_text())["steps"]}
+    step = next(s for s in index.values() if s["rule"] == "fuse_sums")
+    assert step["status"] == "partial" and step["theorem"] == "fold_pair_sum"
+    assert all(s["status"] in ("full", "partial") for s in index.values())
+    lib = coqlib.build_library(out_dir=tmp_path / "coq")
+    fuse = tmp_path / "proofs" / step["files"]["coq"]
+    last_mma = tmp_path / "proofs" / max((s for s in index.values() if s["rule"] == "map_mma"),
+                                        key=lambda s: s["step"])["files"]["coq"]
+    for f in (fuse, last_mma):
+        r = coqlib.check_obligation(f, lib)
+        assert r.returncode == 0, (f.name, r.stdout[-800:], r.stderr[-800:])
+    text = fuse.read_text()
+    wrong = tmp_path / "Wrong.v"
+    wrong.write_text(text.replace("in v_acc_dV)).", "in v_acc_dK)).", 1))
+    assert wrong.read_text() != text
+    assert coqlib.check_obligation(wrong, lib).returncode != 0
