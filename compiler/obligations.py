@@ -47,7 +47,7 @@ from .obligations_base import (
 )
 from .obligations_bwd import ob_recompute, ob_rowterm
 from .obligations_split import ob_split_k, ob_split_kv
-from .obligations_fold import ob_fold_stat, ob_map_mma, ob_mask, ob_online_agg
+from .obligations_fold import ob_fold_stat, ob_fuse_sums, ob_map_mma, ob_mask, ob_online_agg
 from .obligations_site import _finish, _site
 from .obligations_frame import others_thm, store_frame
 from .obligations_safety import safety_index, safety_obligation
@@ -362,6 +362,7 @@ GENERATORS = {
     "TILE": ob_tile, "REORDER": ob_reorder, "SPLIT": ob_split, "CACHE": ob_cache,
     "PARALLEL": ob_parallel, "ASSOC": ob_assoc, "SPLIT-SOFTMAX": ob_split_softmax,
     "ONLINE-AGG": ob_online_agg, "MASK": ob_mask, "MAP-MMA": ob_map_mma, "FOLD-STAT": ob_fold_stat,
+    "FUSE-SUMS": ob_fuse_sums,
     "SPLIT-KV": lambda rec, b, a: ob_split_kv(rec, b, a, _finish),
     "SPLIT-K": lambda rec, b, a: ob_split_k(rec, b, a, _site, _finish),
 }
@@ -391,6 +392,8 @@ def obligation_for(rec, before: Program, after: Program) -> Obligation:
     changed = {getattr(rec.parsed, "def_", None)} | set(rec.raw_facts.get("into", ()))
     if rec.kind == "FUSE" and rec.rule == "unfuse":
         changed.add(rec.parsed.name)
+    if rec.kind == "FUSE-SUMS":  # the second sum is now the definition's further output
+        changed.add(rec.parsed.with_)
     others, skipped = others_thm(rec, before, after, changed)
     if others is not None:
         ob.thms.append(others)

@@ -35,6 +35,8 @@ RULE_THEOREMS: dict[str, tuple[str, ...]] = {
     # obligation; GRAD is validated numerically)
     "SOFTMAX_VJP": ("softmax_vjp_row",),
     "FOLD_STAT": ("online_lse",),
+    # two sums over the same tiles as one fold of two accumulators (dK and dV in one kernel)
+    "FUSE_SUMS": ("fold_pair_sum",),
     # split-KV (flash-decoding): partial (m, l, acc) states of consecutive key ranges merged
     "SPLIT_KV": ("online_split_kv_strided", "online_split_kv", "online_merge", "online_merge_splits",
                  "online_merge_fold", "online_merge_cover", "online_merge_global"),
@@ -61,6 +63,7 @@ RULE_FILES: dict[str, tuple[str, str]] = {
                             "lean/Derivc/Rules/SoftmaxBwd.lean"),
     "SOFTMAX_VJP": ("proofs_ci/coq/Rules/SoftmaxVjp.v", "lean/Derivc/Rules/SoftmaxVjp.lean"),
     "FOLD_STAT": ("proofs_ci/coq/Rules/OnlineLse.v", "lean/Derivc/Rules/OnlineLse.lean"),
+    "FUSE_SUMS": ("proofs_ci/coq/Rules/FuseSums.v", "lean/Derivc/Rules/FuseSums.lean"),
     "SPLIT_KV": ("proofs_ci/coq/Rules/OnlineMerge.v", "lean/Derivc/Rules/OnlineMerge.lean"),
     "SPLIT_K": ("proofs_ci/coq/Rules/SplitK.v", "lean/Derivc/Rules/SplitK.lean"),
 }
