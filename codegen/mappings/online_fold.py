@@ -8,13 +8,19 @@ affine conditions, printed by codegen.mappings.cexpr — never a flag):
     for jo < EXT carrying (m = -inf, l = 0, acc = 0):            EXT printed as written (MASK skip)
                         (wgmma: from the first tile MASK reaches for the block, cexpr.first_tile_c;
                          the steps below are fully masked and leave (m, l, acc) unchanged)
-        stage K_t[r < BN, e < D] = [bound] ? K[batch.., BN*jo + r, e] : 0      (V_t alike)
+        stage K_t[r < BN, e < D] = [bound] ? K[batch.., BN*KT + r, e] : 0      (V_t alike)
+                        (KT the key tile of step jo, read off both index maps: jo itself, or
+                         SPLIT-KV's S*jo + ks with ks a grid loop; increasing in jo)
         compute S[c < BN] = [MASK] ? SCORE(sum(e < D: Q_t[ii, e] * K_t[c, e])) : -inf
         compute m' = max(m, max(x < BN: S[x]))
         compute P[c < BN] = [MASK] ? exp(S[c] - m') : 0
         m := m';  l := l * rescale(m, m') + sum(y < BN: P[y])
         acc := acc * rescale(m, m') + sum(z < BN: [C] ? P[z] * V_t[z, d] : 0)   (C implied by MASK / V's fill)
     store O[.., BM*io + ii, .., d] = acc / l   where [bound]
+      (FOLD-STAT: also LSE[O's index without d] = m + log(l) where [bound] && d <= 0;
+       SPLIT-KV's partial state: O = acc, also M[..] = m and L[..] = l where [bound] && d <= 0,
+       M, L, O f32 with a literal split dimension read at the grid loop ks; the printed m is
+       converted from the template's log2 units (scale folded in) to the score's, exactly as LSE)
 
 Layouts: every index map of Q, K, V and O is read off the kernel IR (`_roles`): one position
 holds the tile rows, the last the head-dim index (stride 1), every other one a grid loop's block
