@@ -6,9 +6,9 @@ The partial kernel is the mma.sync online fold (codegen/mappings/online_fold.py:
 tile per warp, split ks folding the key tiles ks, S + ks, …, its state (acc, m, l) stored), the
 combine SIMT.  Against float64 torch on the fp16 inputs at Nk = 1 (fifteen of sixteen splits
 empty), 63, 65, 100 (twelve empty), 1000, 4097 (tails), B / H mixed, for the example's 16 splits
-and variants with 3, 8 and 32 (a 3-stage ring); several query rows (Nq = 5, 17: speculative decoding); determinism:
-two runs give the same bits (no atomics: each split writes its own slot, the combine adds them
-in split order).
+and variants with 3, 8 and 32 (a 3-stage ring); several query rows (Nq = 5, 17: speculative
+decoding); determinism: two runs give the same bits (no atomics: each split writes its own
+slot, the combine adds them in split order).
 
     python -m pytest -q -m gpu tests/gpu/test_split_kv_gpu.py -s
     python tests/gpu/test_split_kv_gpu.py          # decode timings vs torch SDPA
