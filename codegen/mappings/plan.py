@@ -14,7 +14,8 @@ AttentionPlan: o[b,h,i,:] = sum_j softmax_j(scale * q[b,h,i,:].k[b,h,j,:], MASK)
     rows and which grid loop addresses each other dim (e.g. [B, N, H, D]; GQA's K / V shared by
     the query heads of a group);
     computed with the FlashAttention streaming fold (running max, running sum, rescaled accumulator);
-    the mask and the key tile range are not plan fields: the printers print them from the kernel IR.
+    the mask, the key tile range and the key tile of each step (SPLIT-KV's S·j + ks) are not plan
+    fields: the printers print them from the kernel IR.
 
 Plans are read off the kernel IR by codegen.mappings (never off the derivation program): they
 are the instruction choices of a tensor-core printer, checked against the kernel IR's meaning.
@@ -131,6 +132,10 @@ class AttentionPlan:
     # FOLD-STAT's second output: the rows' log-sum-exp m + log(l), f32, O's layout without the
     # head dim (roles: O's without 'head'); None: the kernel writes O only
     lse: Optional[Operand] = None
+    # SPLIT-KV's partial state: O is stored unnormalised (acc) and the rows' running max m
+    # (natural units) and running sum l beside it, f32, O's layout without the head dim
+    # (m first, then l: the kernel IR's order); None: O = acc / l
+    state: Optional[tuple[Operand, Operand]] = None
 
 
 Plan = Union[ContractionPlan, AttentionPlan]
