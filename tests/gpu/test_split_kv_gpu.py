@@ -151,6 +151,8 @@ def bench(shapes=SHAPES, iters: int = 50) -> None:
         for _ in range(5):
             fn()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        torch.cuda._sleep(40_000_000)  # the host queues every call while the GPU waits: device time, not Python's
         start.record()
         for _ in range(iters):
             fn()
