@@ -362,34 +362,72 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
 def cmd_explain(args: argparse.Namespace, out: Out) -> int:
     from .derive import derive
     from .printer import show_program
-    from .report import format_params, format_sizes
     from .spec import load_spec_file
 
+    if args.rules:
+        from .rule_reference import rule_reference
+
+        if args.file is not None or args.hint or args.step is not None or args.upto is not None:
+            raise UsageError("explain: --rules prints the rule reference and takes no FILE, --step, --upto or --hint")
+        sys.stdout.write(rule_reference())
+        return EXIT_OK
+    if args.file is None:
+        raise UsageError("explain: give a schedule FILE (or --rules for the rule reference)")
+    if args.step is not None and args.upto is not None:
+        raise UsageError("explain: --step N shows step N only; it cannot go with --upto")
+    if args.step is not None and args.step < 1:
+        raise UsageError(f"explain: --step {args.step}: steps are numbered from 1")
     spec = load_spec_file(args.file)
-    d = derive(spec, str(args.file), seed=args.seed, upto=args.upto)
-    out.heading(f"{spec.name}: spec program (IR0) {d.initial.digest()}")
-    out.block(show_program(d.initial), title="IR0")
+    upto = args.step if args.step is not None else args.upto
+    if args.step is not None and args.step > len(spec.schedule):
+        raise UsageError(f"explain: --step {args.step}: the schedule has {len(spec.schedule)} steps")
+    d = derive(spec, str(args.file), seed=args.seed, upto=upto)
+    if args.step is None:
+        out.heading(f"{spec.name}: spec program (IR0) {d.initial.digest()}")
+        out.block(show_program(d.initial), title="IR0")
     for s, prog in zip(d.steps, d.programs[1:]):
-        out.heading(f"step {s.index}: {s.rule} ({s.kind})")
-        out.line(f"parameters: {format_params(s.params)}")
-        out.line(f"theorem:    {s.theorem}")
-        if s.facts:
-            out.line("facts:")
-            for k, v in s.facts.items():
-                text = v if isinstance(v, str) else json.dumps(v)
-                text = text.replace("\n", "\n      ")
-                out.line(f"  - {k}: {text}")
-        if s.numeric:
-            n = s.numeric
-            out.line(
-                f"numeric:    rel. error {n['rel_error']:.3g} <= {n['tolerance']:g} "
-                f"at {format_sizes(n['sizes'])}, seed {n['seed']}",
-                style="green",
-            )
-        out.line(f"program:    {s.before_hash} -> {s.after_hash}")
-        out.block(show_program(prog), title=f"after step {s.index}")
+        if args.step is None or s.index == args.step:
+            _explain_step(s, prog, out)
     out.line(f"final program {d.final.digest()}", style="bold")
+    if args.hint:
+        _explain_hints(d, out)
     return EXIT_OK
+
+
+def _explain_step(s: Any, prog: Any, out: Out) -> None:
+    from .printer import show_program
+    from .report import format_params, format_sizes
+
+    out.heading(f"step {s.index}: {s.rule} ({s.kind})")
+    out.line(f"parameters: {format_params(s.params)}")
+    out.line(f"theorem:    {s.theorem}")
+    if s.facts:
+        out.line("facts:")
+        for k, v in s.facts.items():
+            text = v if isinstance(v, str) else json.dumps(v)
+            text = text.replace("\n", "\n      ")
+            out.line(f"  - {k}: {text}")
+    if s.numeric:
+        n = s.numeric
+        out.line(
+            f"numeric:    rel. error {n['rel_error']:.3g} <= {n['tolerance']:g} "
+            f"at {format_sizes(n['sizes'])}, seed {n['seed']}",
+            style="green",
+        )
+    out.line(f"program:    {s.before_hash} -> {s.after_hash}")
+    out.block(show_program(prog), title=f"after step {s.index}")
+
+
+def _explain_hints(d: Any, out: Out) -> None:
+    """--hint: whether the program is a kernel yet, and the next legal steps (compiler.hints)."""
+    from .hints import kernel_status, next_steps
+
+    out.line(kernel_status(d))
+    hints = next_steps(d.final)
+    if not hints:
+        out.line("hints: none (no further step that this tool suggests applies)")
+    for h in hints:
+        out.line(f"hint: {h.line()}")
 
 
 # --------------------------------------------------------------------------- dispatchers
@@ -469,9 +507,13 @@ def make_parser() -> argparse.ArgumentParser:
     b.set_defaults(func=cmd_build, extras_ok=False)
 
     e = sub.add_parser("explain", help="print every step, its facts and the program after it")
-    e.add_argument("file")
-    e.add_argument("--seed", type=int, default=None)
+    e.add_argument("file", nargs="?", default=None, help="schedule file (YAML)")
+    e.add_argument("--seed", type=int, default=None, help="base seed of the numeric checks")
     e.add_argument("--upto", type=int, default=None, metavar="N", help="stop after step N")
+    e.add_argument("--step", type=int, default=None, metavar="N", help="derive up to step N, print step N only")
+    e.add_argument("--hint", action="store_true",
+                   help="say whether the program is a kernel yet and list the next legal steps")
+    e.add_argument("--rules", action="store_true", help="print the rule-parameter reference (docs/rules.md)")
     e.set_defaults(func=cmd_explain, extras_ok=False)
 
     v = sub.add_parser("verify", help="re-check a build directory (proofs, trace)")
