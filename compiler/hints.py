@@ -253,8 +253,17 @@ def _fixed_vars(prog: Program, d: Def, scope: Expr | None) -> set[str]:
     return out
 
 
+def _needs_tiles(prog: Program, d: Def) -> bool:
+    """Some loop of d still needs a tile (a dynamic extent that is neither a tile index nor a
+    batch loop): a tile staged now would span a loop that is not tiled yet."""
+    return any(_fixed(prog, lp.ext) is None and not _is_tile_index(lp.ext) and lp.mapping is None
+               and not _is_batch_loop(prog, d, lp.var) for lp in d.loops)
+
+
 def _cache_tiles(prog: Program) -> Iterator[Hint]:
     for d in prog.defs:
+        if _needs_tiles(prog, d):
+            continue
         staged = _staged(d)
         for at, scope in _tile_scopes(d):
             inner = _fixed_vars(prog, d, scope)

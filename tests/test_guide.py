@@ -3,10 +3,18 @@ models), `derivc explain --hint` (next legal steps) and docs/guide.md (its expla
 final schedules, re-run here), and the README's CLI synopsis and outputs table."""
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import pytest
 import yaml
+
+if __name__ == "__main__":  # run as a script (rewrites the guide): the test helpers by path
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import conftest  # noqa: F401 - registers derivc_testing
 from derivc_testing import ROOT, run_cli
 
 from compiler import hints
@@ -97,3 +105,97 @@ def test_explain_step_shows_one_step():
     for bad in (["--step", "0"], ["--step", "99"], ["--step", "2", "--upto", "2"]):
         rc, _, err = run_cli(["explain", "examples/gemm.yaml", *bad])
         assert rc == 2 and "--step" in err, bad
+
+
+# --------------------------------------------------------------------------- docs/guide.md
+#
+# The guide's fenced blocks are its test: ```yaml FILE``` blocks are appended, in order, to FILE
+# (the file as the reader has it at that point); ```yaml FILE whole``` must equal FILE as built
+# up so far; a ```console derivc``` block starts with `$ derivc ARGS` and shows what the CLI
+# prints for ARGS, run in a directory holding the files as they stand there.  Numbers after
+# "rel. error", "relative error" and in error columns may differ (float64 rounding of another
+# machine); everything else must match.  `python tests/test_guide.py` rewrites the outputs.
+
+GUIDE = DOCS / "guide.md"
+FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```[ \t]*$", re.M | re.S)
+
+
+def _normal(text: str) -> str:
+    """Error magnitudes of the numeric checks masked (they depend on the machine's float64)."""
+    out = []
+    for line in text.splitlines():
+        if "error" in line or re.match(r"^\d+\s+\w+\s+[A-Z-]+\s", line):
+            line = re.sub(r"\d\.\d+e[-+]\d+|\b0\.0e\+00\b|(?<=rel\. error )\S+", "<err>", line)
+        out.append(line.rstrip())
+    return "\n".join(out).strip()
+
+
+def render_guide(text: str, workdir: Path) -> tuple[str, dict[str, str], list[str]]:
+    """The guide with every `console derivc` block's output re-run; (text, files, commands)."""
+    import os
+    import shlex
+
+    files: dict[str, str] = {}
+    commands: list[str] = []
+    pieces, last = [], 0
+    for m in FENCE.finditer(text):
+        info, body = m.group(1).split(), m.group(2)
+        if info[:1] == ["yaml"] and len(info) >= 2:
+            if info[2:] == ["whole"]:
+                assert body == files.get(info[1]), f"guide: the whole {info[1]} differs from its parts"
+            else:
+                files[info[1]] = files.get(info[1], "") + body
+        if info == ["console", "derivc"]:
+            command, _, _ = body.partition("\n")
+            assert command.startswith("$ derivc "), command
+            for name, content in files.items():
+                (workdir / name).write_text(content)
+            cwd = os.getcwd()
+            os.chdir(workdir)
+            try:
+                rc, out, err = run_cli(shlex.split(command[len("$ derivc "):]))
+            finally:
+                os.chdir(cwd)
+            commands.append(command)
+            shown = out + err + ("" if rc == 0 else f"(exit {rc})\n")
+            pieces.append(text[last:m.start(2)] + command + "\n" + shown)
+            last = m.end(2)
+    pieces.append(text[last:])
+    return "".join(pieces), files, commands
+
+
+@pytest.fixture(scope="module")
+def guide_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str, dict[str, str], list[str], Path]:
+    """The guide re-run once: (text, re-rendered text, files, commands, working directory)."""
+    work = tmp_path_factory.mktemp("guide")
+    text = GUIDE.read_text()
+    fresh, files, commands = render_guide(text, work)
+    return text, fresh, files, commands, work
+
+
+def test_guide_output_is_what_the_cli_prints(guide_run):
+    text, fresh, files, commands, _ = guide_run
+    assert {"gemm.yaml", "attention.yaml"} <= set(files)
+    for old, new in zip(FENCE.findall(text), FENCE.findall(fresh)):
+        assert _normal(old[1]) == _normal(new[1]), f"docs/guide.md is stale (python tests/test_guide.py):\n{new[1]}"
+
+
+def test_guide_final_schedules_build_tensor_core_kernels(guide_run):
+    """The guide's whole GEMM and attention files are built by its own `derivc build` commands
+    (--no-proofs: NVRTC, SASS checks where the CUDA tools are, the kernel text run on the CPU)."""
+    _, _, files, commands, work = guide_run
+    for name, mapping in (("gemm.yaml", "contraction_wgmma"), ("attention.yaml", "online_fold_wgmma")):
+        command = next(c for c in commands if f" build {name} " in c)
+        out = work / command.split(" -o ", 1)[1].split()[0]
+        assert (out / "kernel.cu").is_file(), command
+        assert json.loads((out / "plan.json").read_text())["mapping"] == mapping
+        assert json.loads((out / "derivation.json").read_text())["spec_text"] == files[name]
+        if (out / "sass.json").exists():
+            assert json.loads((out / "sass.json").read_text())["violations"] == []
+
+
+if __name__ == "__main__":  # rewrite the guide's outputs after a deliberate change of the CLI
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        GUIDE.write_text(render_guide(GUIDE.read_text(), Path(tmp))[0])
