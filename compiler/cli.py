@@ -516,7 +516,7 @@ def make_parser() -> argparse.ArgumentParser:
     e.add_argument("--rules", action="store_true", help="print the rule-parameter reference (docs/rules.md)")
     e.set_defaults(func=cmd_explain, extras_ok=False)
 
-    v = sub.add_parser("verify", help="re-check a build directory (proofs, trace)")
+    v = sub.add_parser("verify", help="rebuild a build directory, compare it file by file and check its proofs (needs coqc)")
     v.add_argument("dir")
     v.set_defaults(func=_dispatch("compiler.verify", "verify", coqc_missing), extras_ok=True)
 
@@ -525,14 +525,15 @@ def make_parser() -> argparse.ArgumentParser:
     r.add_argument("--step", type=int, default=None, metavar="N")
     r.set_defaults(func=_dispatch("compiler.replay_cmd", "replay"), extras_ok=True)
 
-    run = sub.add_parser("run", help="compile and run the kernel on the GPU")
+    run = sub.add_parser("run", help="build, run the kernel on the GPU (needs CuPy, torch and a CUDA device)")
     run.add_argument("file")
     run.add_argument("--check", action="store_true", help="compare against the float64 reference")
     run.add_argument("--sizes", help="dynamic sizes, e.g. B=2,H=4,N=1000 (default: the check sizes)")
     run.add_argument("--seed", type=int, default=0)
     run.set_defaults(func=_dispatch("codegen.run_cmd", "run", lambda: gpu_missing("torch")), extras_ok=False)
 
-    tune = sub.add_parser("tune", help="time a build's schedule variants per shape on the GPU, write DIR/tuning.json")
+    tune = sub.add_parser("tune", help="time a build's schedule variants per shape on the GPU (needs CuPy, torch, triton), "
+                                            "write DIR/tuning.json")
     tune.add_argument("dir", help="a build of a schedule with variants: (or a schedule file, with -o DIR)")
     tune.add_argument("-o", "--output", default=None, help="with a schedule file: build it into DIR first")
     tune.add_argument("--sizes", action="append", default=[], help="one shape, e.g. M=128,N=4096,K=4096 (repeat)")
@@ -541,7 +542,7 @@ def make_parser() -> argparse.ArgumentParser:
     tune.set_defaults(func=_dispatch("codegen.tune_cmd", "tune", lambda: gpu_missing("torch", "triton")),
                       extras_ok=False)
 
-    bench = sub.add_parser("bench", help="time derived kernels against cuBLAS / torch SDPA on the GPU")
+    bench = sub.add_parser("bench", help="time derived kernels against cuBLAS / torch SDPA on the GPU (needs CuPy, torch, triton)")
     bench.add_argument("--quick", action="store_true", help="one size per family")
     bench.add_argument("--only", default="", help="comma-separated case families: gemm, attn")
     bench.add_argument("--out", default="bench-out", help="directory for bench.json and bench.png")

@@ -105,3 +105,11 @@ def rule_reference() -> str:
                 "", "| parameter | type | default | allowed | meaning |", "| --- | --- | --- | --- | --- |"]
         out += ["| " + " | ".join(row) + " |" for row in parameter_rows(rule)]
     return "\n".join(out) + "\n"
+
+
+def brief_parameters(rule: Rule) -> str:
+    """The README rule table's parameter cell: required names, then optional ones with `?`."""
+    fields = {n: f for n, f in rule.Params.model_fields.items() if f.annotation is not type(None)}
+    required = [f"`{f.alias or n}`" for n, f in fields.items() if f.is_required()]
+    optional = [f"`{f.alias or n}`?" for n, f in fields.items() if not f.is_required()]
+    return ", ".join(required + optional)

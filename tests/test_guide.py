@@ -194,6 +194,53 @@ def test_guide_final_schedules_build_tensor_core_kernels(guide_run):
             assert json.loads((out / "sass.json").read_text())["violations"] == []
 
 
+# --------------------------------------------------------------------------- README
+
+README = ROOT / "README.md"
+
+
+def test_readme_cli_synopsis_is_the_parser():
+    from compiler.cli_synopsis import readme_block
+
+    assert readme_block() in README.read_text(), \
+        "README's CLI synopsis is stale: python -m compiler.cli_synopsis, paste it between the markers"
+
+
+def test_readme_rule_table_lists_every_rule_and_its_parameters():
+    from compiler.rule_reference import brief_parameters
+
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| \[`(\w+)`\]\(docs/rules\.md#\1\) \|.*$", README.read_text(), re.M)}
+    assert set(rows) == set(RULES)
+    for name, rule in RULES.items():
+        assert rows[name].split(" | ")[1] == brief_parameters(rule), name
+
+
+def _output_patterns() -> list[re.Pattern[str]]:
+    """The README's outputs table, each backticked name as a pattern over a build's paths."""
+    text = README.read_text().split("## Outputs of a build", 1)[1].split("\n\n", 2)[2]
+    table = text.split("\n\n", 1)[0]
+    out = []
+    for row in table.splitlines()[2:]:
+        for name in re.findall(r"`([^`]+)`", row.split(" | ")[0]):
+            rx = re.escape(name).replace("NN", r"\d+")
+            rx = re.sub(r"<[^>]+>", "[^/]+", rx.replace("\\<", "<").replace("\\>", ">"))
+            out.append(re.compile(rx + (".*" if name.endswith("/") else "") + "$"))
+    return out
+
+
+def test_readme_outputs_table_lists_every_file_a_build_writes(guide_run):
+    _, _, _, commands, work = guide_run
+    patterns = _output_patterns()
+    assert len(patterns) > 10
+    for command in commands:
+        if " build " in command:
+            out = work / command.split(" -o ", 1)[1].split()[0]
+            for f in out.rglob("*"):
+                rel = f.relative_to(out).as_posix()
+                if f.is_file():
+                    assert any(p.match(rel) for p in patterns), f"README's outputs table misses {rel}"
+
+
 if __name__ == "__main__":  # rewrite the guide's outputs after a deliberate change of the CLI
     import tempfile
 
