@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from .ir import Def, Expr, Fold, Let, Program, Read, Reduce, Softmax, tail_fold, tensors_read, walk
+from .ir import Def, Expr, Fold, Let, Program, Read, Reduce, Softmax, children, tail_fold, tensors_read, walk
 
 ROW_TILE = 128  # rows of an output tile (a warpgroup pair's m, 8 warps of 16 rows)
 SUM_TILE = 64  # a contraction's k-tile: 128 bytes of f16, one swizzle row
@@ -82,8 +82,6 @@ def _reads(e: Expr) -> Iterator[Read]:
     if isinstance(e, Let) and e.bind.source:
         yield from _reads(e.body)
         return
-    from .ir import children
-
     for c in children(e):
         yield from _reads(c)
 
@@ -179,10 +177,20 @@ def _tiled_sum_sizes(prog: Program) -> list[int]:
     return out
 
 
+def _outside_folds(e: Expr) -> Iterator[Reduce]:
+    """The reductions of e that are not inside a fold (a fold's own sums run over its tile)."""
+    if isinstance(e, Fold):
+        return
+    if isinstance(e, Reduce):
+        yield e
+    for c in children(e):
+        yield from _outside_folds(c)
+
+
 def _tile_sums(prog: Program) -> Iterator[Hint]:
     matching = _tiled_sum_sizes(prog)
     for d in prog.defs:
-        for r in _reductions(d):
+        for r in _outside_folds(d.body):
             if r.mma is not None or any(isinstance(x, Reduce) for x in walk(r.body)):
                 continue
             size = _tile_size(prog, r.ext, SUM_TILE)
@@ -232,7 +240,7 @@ def _reorder(prog: Program) -> Iterator[Hint]:
                            {"rule": "reorder", "def": d.name, "outer": a.var, "inner": b.var})
 
 
-def _tile_over(prog: Program, d: Def, read: Read, inner: set[str]) -> list[str]:
+def _tile_over(read: Read, inner: set[str]) -> list[str]:
     """The indices a read's tile spans: per position, the index of fixed extent it adds."""
     over = []
     for a in read.idx:
@@ -270,7 +278,7 @@ def _cache_tiles(prog: Program) -> Iterator[Hint]:
             for read in _reads(scope):
                 if read.tensor in staged or read.tensor not in _inputs(prog):
                     continue
-                over = _tile_over(prog, d, read, inner)
+                over = _tile_over(read, inner)
                 if not over:
                     continue
                 if any(at in a.names() for a in read.idx):
@@ -361,20 +369,23 @@ GENERATORS: tuple[Callable[[Program], Iterator[Hint]], ...] = (
 
 
 def kernel_status(derivation: Any) -> str:
-    """Whether the final program is a kernel now, and which mapping prints it (or why not)."""
+    """Whether the final program is a kernel now, and which mapping prints it (or why not: the
+    lowering's or the mappings' reason, as `derivc build` would fail with it)."""
+    from .kernel_chain import chain_of
+
+    chain = chain_of(derivation)
+    if chain:
+        return f"kernels: a chain of {len(chain)} ({', '.join(chain)}), each lowered on its own by derivc build"
     try:
-        from codegen.build import CodegenError, lower_checked, print_checked
+        from codegen.build import CodegenError, prepare, print_checked
     except ImportError:  # pragma: no cover - a compiler-only install
         return "kernel: not checked (codegen not installed)"
     try:
-        kernel, _ = lower_checked(derivation.final, derivation.spec.name, dict(derivation.check_sizes),
-                                  int(derivation.seed or 0))
-        printed = print_checked(kernel)
+        printed = print_checked(prepare(derivation)[0])
     except CodegenError as exc:
         return f"no kernel yet: {' '.join(str(exc).split())}"
-    except Exception as exc:  # noqa: BLE001 - a mapping's refusal: its reason
-        return f"no kernel yet: {' '.join(str(exc).split())}"
-    tail = tail_fold(derivation.final.def_named(derivation.final.output).body)
-    mma = [e.mma.instr for d in derivation.final.defs for e in walk(d.body) if isinstance(e, Reduce) and e.mma]
-    what = f"tensor cores ({', '.join(sorted(set(mma)))})" if mma else "no tensor cores"
+    final = derivation.final
+    tail = tail_fold(final.def_named(final.output).body)
+    mma = sorted({e.mma.instr for d in final.defs for e in walk(d.body) if isinstance(e, Reduce) and e.mma})
+    what = f"tensor cores ({', '.join(mma)})" if mma else "no tensor cores"
     return f"kernel: mapping {printed.mapping}, {what}{', one streaming fold' if tail is not None else ''}"

@@ -15,7 +15,6 @@ from typing import Any, Literal
 
 import annotated_types
 from pydantic.fields import FieldInfo
-from pydantic_core import PydanticUndefined
 
 from .rules import RULES
 from .rules.base import Rule
