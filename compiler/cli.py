@@ -2,7 +2,8 @@
 
     derivc build FILE -o DIR [--seed N] [--no-codegen] [--no-proofs] [--verify]
                                                          derive, check (proofs too, if coqc), write DIR
-    derivc explain FILE [--seed N]                       print every step and its program
+    derivc explain FILE [--seed N] [--upto N | --step N] [--hint]   every step and its program; next steps
+    derivc explain --rules                              the rule-parameter reference (docs/rules.md)
     derivc verify DIR | replay DIR --step N | run FILE --check | bench
     derivc tune DIR --sizes M=128,N=4096,K=4096 [--sizes ...]  time the schedule variants per shape
 
