@@ -5,6 +5,7 @@ A plan says *what* the kernel computes (operands, which size names play which ro
 It is plain data: frozen dataclasses, no behaviour beyond validation and small lookups.
 
 ContractionPlan: c[batch..., m, n] = epilogue(sum_k a[batch..., m, k] * b[batch..., k, n])
+    (k_split: c[split, m, n] = sum over the split's k tiles only, a and b unbatched)
     (a stored [..., k, m] when a_transposed, b stored [..., n, k] when b_transposed: the layouts
     NN / NT / TN / TT, `layout(plan)`), fp32 accumulation, output dtype c.dtype; the
     epilogue (EpiloguePlan, printed from the kernel IR's stored value) is the identity when None.
@@ -61,6 +62,16 @@ class EpiloguePlan:
 
 
 @dataclass(frozen=True)
+class KSplit:
+    """SPLIT-K's partial sums: block `loop` (the output's leading batch dim `dim`, a literal
+    `splits` long) adds the k tiles splits·kt + split, kt < ceil((K − BK·split) / (BK·splits))."""
+
+    loop: str    # the grid loop of the split index
+    dim: str     # the size name standing for the output's leading dimension (= splits)
+    splits: int
+
+
+@dataclass(frozen=True)
 class ContractionPlan:
     kernel_name: str
     a: Operand
@@ -89,6 +100,7 @@ class ContractionPlan:
     swizzle: bool
     epilogue: Optional[EpiloguePlan] = None  # None: the store writes the accumulator
     args: tuple[str, ...] = ()  # tensor names in kernel-argument order (the kernel IR's); () = a, b, c
+    k_split: Optional[KSplit] = None  # SPLIT-K: this block adds its split's k tiles only
 
 
 @dataclass(frozen=True)
