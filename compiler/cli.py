@@ -2,7 +2,8 @@
 
     derivc build FILE -o DIR [--seed N] [--no-codegen] [--no-proofs] [--verify]
                                                          derive, check (proofs too, if coqc), write DIR
-    derivc explain FILE [--seed N]                       print every step and its program
+    derivc explain FILE [--seed N] [--upto N | --step N] [--hint]   every step and its program; next steps
+    derivc explain --rules                              the rule-parameter reference (docs/rules.md)
     derivc verify DIR | replay DIR --step N | run FILE --check | bench
     derivc tune DIR --sizes M=128,N=4096,K=4096 [--sizes ...]  time the schedule variants per shape
 
@@ -380,34 +381,72 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
 def cmd_explain(args: argparse.Namespace, out: Out) -> int:
     from .derive import derive
     from .printer import show_program
-    from .report import format_params, format_sizes
     from .spec import load_spec_file
 
+    if args.rules:
+        from .rule_reference import rule_reference
+
+        if args.file is not None or args.hint or args.step is not None or args.upto is not None:
+            raise UsageError("explain: --rules prints the rule reference and takes no FILE, --step, --upto or --hint")
+        sys.stdout.write(rule_reference())
+        return EXIT_OK
+    if args.file is None:
+        raise UsageError("explain: give a schedule FILE (or --rules for the rule reference)")
+    if args.step is not None and args.upto is not None:
+        raise UsageError("explain: --step N shows step N only; it cannot go with --upto")
+    if args.step is not None and args.step < 1:
+        raise UsageError(f"explain: --step {args.step}: steps are numbered from 1")
     spec = load_spec_file(args.file)
-    d = derive(spec, str(args.file), seed=args.seed, upto=args.upto)
-    out.heading(f"{spec.name}: spec program (IR0) {d.initial.digest()}")
-    out.block(show_program(d.initial), title="IR0")
+    upto = args.step if args.step is not None else args.upto
+    if args.step is not None and args.step > len(spec.schedule):
+        raise UsageError(f"explain: --step {args.step}: the schedule has {len(spec.schedule)} steps")
+    d = derive(spec, str(args.file), seed=args.seed, upto=upto)
+    if args.step is None:
+        out.heading(f"{spec.name}: spec program (IR0) {d.initial.digest()}")
+        out.block(show_program(d.initial), title="IR0")
     for s, prog in zip(d.steps, d.programs[1:]):
-        out.heading(f"step {s.index}: {s.rule} ({s.kind})")
-        out.line(f"parameters: {format_params(s.params)}")
-        out.line(f"theorem:    {s.theorem}")
-        if s.facts:
-            out.line("facts:")
-            for k, v in s.facts.items():
-                text = v if isinstance(v, str) else json.dumps(v)
-                text = text.replace("\n", "\n      ")
-                out.line(f"  - {k}: {text}")
-        if s.numeric:
-            n = s.numeric
-            out.line(
-                f"numeric:    rel. error {n['rel_error']:.3g} <= {n['tolerance']:g} "
-                f"at {format_sizes(n['sizes'])}, seed {n['seed']}",
-                style="green",
-            )
-        out.line(f"program:    {s.before_hash} -> {s.after_hash}")
-        out.block(show_program(prog), title=f"after step {s.index}")
+        if args.step is None or s.index == args.step:
+            _explain_step(s, prog, out)
     out.line(f"final program {d.final.digest()}", style="bold")
+    if args.hint:
+        _explain_hints(d, out)
     return EXIT_OK
+
+
+def _explain_step(s: Any, prog: Any, out: Out) -> None:
+    from .printer import show_program
+    from .report import format_params, format_sizes
+
+    out.heading(f"step {s.index}: {s.rule} ({s.kind})")
+    out.line(f"parameters: {format_params(s.params)}")
+    out.line(f"theorem:    {s.theorem}")
+    if s.facts:
+        out.line("facts:")
+        for k, v in s.facts.items():
+            text = v if isinstance(v, str) else json.dumps(v)
+            text = text.replace("\n", "\n      ")
+            out.line(f"  - {k}: {text}")
+    if s.numeric:
+        n = s.numeric
+        out.line(
+            f"numeric:    rel. error {n['rel_error']:.3g} <= {n['tolerance']:g} "
+            f"at {format_sizes(n['sizes'])}, seed {n['seed']}",
+            style="green",
+        )
+    out.line(f"program:    {s.before_hash} -> {s.after_hash}")
+    out.block(show_program(prog), title=f"after step {s.index}")
+
+
+def _explain_hints(d: Any, out: Out) -> None:
+    """--hint: whether the program is a kernel yet, and the next legal steps (compiler.hints)."""
+    from .hints import kernel_status, next_steps
+
+    out.line(kernel_status(d))
+    hints = next_steps(d.final)
+    if not hints:
+        out.line("hints: none (no further step that this tool suggests applies)")
+    for h in hints:
+        out.line(f"hint: {h.line()}")
 
 
 # --------------------------------------------------------------------------- dispatchers
@@ -487,12 +526,16 @@ def make_parser() -> argparse.ArgumentParser:
     b.set_defaults(func=cmd_build, extras_ok=False)
 
     e = sub.add_parser("explain", help="print every step, its facts and the program after it")
-    e.add_argument("file")
-    e.add_argument("--seed", type=int, default=None)
+    e.add_argument("file", nargs="?", default=None, help="schedule file (YAML)")
+    e.add_argument("--seed", type=int, default=None, help="base seed of the numeric checks")
     e.add_argument("--upto", type=int, default=None, metavar="N", help="stop after step N")
+    e.add_argument("--step", type=int, default=None, metavar="N", help="derive up to step N, print step N only")
+    e.add_argument("--hint", action="store_true",
+                   help="say whether the program is a kernel yet and list the next legal steps")
+    e.add_argument("--rules", action="store_true", help="print the rule-parameter reference (docs/rules.md)")
     e.set_defaults(func=cmd_explain, extras_ok=False)
 
-    v = sub.add_parser("verify", help="re-check a build directory (proofs, trace)")
+    v = sub.add_parser("verify", help="rebuild a build directory, compare it file by file and check its proofs (needs coqc)")
     v.add_argument("dir")
     v.set_defaults(func=_dispatch("compiler.verify", "verify", coqc_missing), extras_ok=True)
 
@@ -501,14 +544,15 @@ def make_parser() -> argparse.ArgumentParser:
     r.add_argument("--step", type=int, default=None, metavar="N")
     r.set_defaults(func=_dispatch("compiler.replay_cmd", "replay"), extras_ok=True)
 
-    run = sub.add_parser("run", help="compile and run the kernel on the GPU")
+    run = sub.add_parser("run", help="build, run the kernel on the GPU (needs CuPy, torch and a CUDA device)")
     run.add_argument("file")
     run.add_argument("--check", action="store_true", help="compare against the float64 reference")
     run.add_argument("--sizes", help="dynamic sizes, e.g. B=2,H=4,N=1000 (default: the check sizes)")
     run.add_argument("--seed", type=int, default=0)
     run.set_defaults(func=_dispatch("codegen.run_cmd", "run", lambda: gpu_missing("torch")), extras_ok=False)
 
-    tune = sub.add_parser("tune", help="time a build's schedule variants per shape on the GPU, write DIR/tuning.json")
+    tune = sub.add_parser("tune", help="time a build's schedule variants per shape on the GPU (needs CuPy, torch, triton), "
+                                            "write DIR/tuning.json")
     tune.add_argument("dir", help="a build of a schedule with variants: (or a schedule file, with -o DIR)")
     tune.add_argument("-o", "--output", default=None, help="with a schedule file: build it into DIR first")
     tune.add_argument("--sizes", action="append", default=[], help="one shape, e.g. M=128,N=4096,K=4096 (repeat)")
@@ -517,7 +561,7 @@ def make_parser() -> argparse.ArgumentParser:
     tune.set_defaults(func=_dispatch("codegen.tune_cmd", "tune", lambda: gpu_missing("torch", "triton")),
                       extras_ok=False)
 
-    bench = sub.add_parser("bench", help="time derived kernels against cuBLAS / torch SDPA on the GPU")
+    bench = sub.add_parser("bench", help="time derived kernels against cuBLAS / torch SDPA on the GPU (needs CuPy, torch, triton)")
     bench.add_argument("--quick", action="store_true", help="one size per family")
     bench.add_argument("--only", default="", help="comma-separated case families: gemm, attn")
     bench.add_argument("--out", default="bench-out", help="directory for bench.json and bench.png")

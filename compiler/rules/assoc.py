@@ -24,7 +24,9 @@ from .base import Facts, Rule, StepParams, find_binder, replace_node
 
 class AssocParams(StepParams):
     def_: str = Field(alias="def")
+    """the definition whose sum has factors that do not use the summed index"""
     index: str
+    """the summed index to factor the constant terms out of"""
 
 
 def hoist_guards(e: Expr) -> Expr:

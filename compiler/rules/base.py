@@ -26,8 +26,9 @@ Facts = dict[str, Any]
 
 
 class StepParams(BaseModel):
-    # strict: `size: true`, `size: "128"` and `size: 2.0` are refused, not coerced
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    # strict: `size: true`, `size: "128"` and `size: 2.0` are refused, not coerced; each field's
+    # docstring is its description (the rule reference, docs/rules.md, is generated from them)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, use_attribute_docstrings=True)
     # Parameters that name something the step introduces: exact names (must be new) and name
     # bases (made unique by the rule); both reach the Coq, Lean and CUDA sources verbatim.
     new_names: ClassVar[tuple[str, ...]] = ()

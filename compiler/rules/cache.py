@@ -39,14 +39,23 @@ from .base import Facts, Rule, StepParams, const_aff, const_extent, enclosing_bi
 
 class CacheParams(StepParams):
     def_: str = Field(alias="def")
+    """the definition whose reads are staged, or whose sum is accumulated"""
     tensor: str | None = None
+    """the tensor whose tile is staged (give tensor or accumulator, not both)"""
     at: str | None = None
+    """the reduction or fold index the tile is staged per (omitted: once for the whole body)"""
     over: tuple[str, ...] = ()
+    """the indices the tile spans, one per staged dimension (each of a fixed extent)"""
     level: Literal["shared", "register"] = "shared"
+    """where the tile or accumulator lives: shared memory or registers"""
     stages: int = Field(default=1, ge=1, le=4)
+    """buffers of a shared tile staged per `at` step: > 1 asks for a multi-buffered pipeline"""
     name: str | None = None
+    """the staged buffer's name (default: <tensor>_s or <tensor>_r)"""
     accumulator: str | None = None
+    """a sum index whose running sum is kept at `level` in `dtype` (instead of `tensor`)"""
     dtype: Literal["f32", "f16"] = "f32"
+    """the accumulator's dtype"""
     new_names = ("name",)
 
     @model_validator(mode="after")

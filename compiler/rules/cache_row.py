@@ -33,10 +33,15 @@ from .base import Facts, Rule, StepParams, const_aff, const_extent
 
 class CacheRowParams(StepParams):
     def_: str = Field(alias="def")
+    """the definition that reads the row"""
     tensor: str
+    """the input whose row (last dimension) is staged once and read there"""
     level: Literal["register", "shared"] = "register"
+    """where the row lives: registers or shared memory"""
     name: str | None = None
-    accumulator: None = None  # the CACHE obligation's tile-staging form (never an accumulator here)
+    """the staged row's name (default: <tensor>_row)"""
+    accumulator: None = None
+    """never given: a row is tile staging, not an accumulator"""
     new_names = ("name",)
 
 

@@ -47,7 +47,9 @@ from .base import Facts, Rule, StepParams, drop_def, readers_of
 
 class FoldStatParams(StepParams):
     def_: str = Field(alias="def")
+    """the definition that ends in ONLINE-AGG's (m, l) fold"""
     stat: str
+    """the further output (`output.also`) the fold writes as m + log(l), once per row"""
 
 
 def online_pair(fold: Fold) -> tuple[str, str] | None:

@@ -27,7 +27,9 @@ from .base import Facts, Rule, StepParams, drop_def, freshen_binders, readers_of
 
 class FuseParams(StepParams):
     producer: str
+    """the definition to inline into the definitions that read it"""
     def_: str | None = Field(default=None, alias="def")
+    """inline into this consumer only (default: every reader)"""
 
 
 def value_at(producer: Def, idx: tuple[Aff, ...], taken: set[str]) -> Expr:

@@ -32,8 +32,11 @@ from .fuse import inlinable_producer, value_at
 
 class FuseLetParams(StepParams):
     producer: str
+    """the per-row definition to compute once, as a `let` at the top of the consumer"""
     def_: str = Field(alias="def")
+    """the consumer that reads the producer"""
     name: str | None = None
+    """the binding's name (default: <producer>_v)"""
     new_names = ("name",)
 
 

@@ -39,7 +39,9 @@ from .base import Facts, Rule, StepParams, drop_def, freshen_binders, readers_of
 
 class FuseSumsParams(StepParams):
     def_: str = Field(alias="def")
+    """the definition whose sum becomes the fold carrying both accumulators"""
     with_: str = Field(alias="with")
+    """the definition of the second sum (same tiles, same loop nest), written by the fold as a further output"""
 
 
 def renamed_like(a: Def, b: Def, taken: set[str]) -> Def:

@@ -30,9 +30,13 @@ SHAPES = {"mma_sync": (16, 8, 16), "wgmma": (64, 8, 16)}
 
 class MapMmaParams(StepParams):
     def_: str = Field(alias="def")
+    """the definition holding the tile product"""
     index: str
+    """the summed index of the inner tile product (e.g. ki) to run on tensor cores"""
     instr: Literal["mma_sync", "wgmma"] = "mma_sync"
+    """the tensor-core instruction: mma_sync (m16n8k16, sm_80+) or wgmma (m64nNk16, Hopper)"""
     m: str | None = None
+    """the row loop of an operand computed in registers (FA2's P in P·V), when no read names it"""
 
 
 class MapMma(Rule):

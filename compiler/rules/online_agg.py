@@ -54,8 +54,11 @@ from .base import Facts, Rule, StepParams, alpha_equal, drop_def
 
 class OnlineAggParams(StepParams):
     def_: str = Field(alias="def")
+    """the definition Σ e^(s−M)·v / L (or one softmax element) to stream"""
     index: str
+    """the outer key-tile index the fold runs over (e.g. jo)"""
     names: tuple[str, str, str] = ("m", "l", "acc")
+    """base names of the fold's running max, sum and accumulator"""
     name_bases = ("names",)
 
 

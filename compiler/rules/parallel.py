@@ -40,9 +40,13 @@ ORDER = {"grid": 0, "warp": 1, "thread": 2}
 
 class ParallelParams(StepParams):
     def_: str = Field(alias="def")
+    """the definition whose loop runs in parallel"""
     index: str
+    """the loop to map (a loop of the definition, not a reduction)"""
     to: Literal["grid.x", "grid.y", "grid.z", "warp", "thread"]
+    """the grid axis (one block per iteration) or warps / threads of a block"""
     count: int = Field(default=0, ge=0, le=1024)
+    """warps or threads along this loop (0: one per iteration); warps must divide a fixed extent"""
 
 
 def injective_store(prog: Program, d: Def) -> str:

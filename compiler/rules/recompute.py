@@ -27,11 +27,13 @@ from .split_softmax import SplitSoftmax, softmax_replaced
 
 class RecomputeParams(StepParams):
     def_: str = Field(alias="def")
+    """the definition holding the softmax"""
     max_name: str | None = None
+    """the row max tensor's name (default: M)"""
     lse_name: str | None = None
-    # the dimensions of M and LSE: the softmax's row loops in this order (default: the definition's);
-    # a forward that writes LSE in its output's layout ([B, N, H] beside O[B, N, H, D]) needs it
+    """the row log-sum-exp tensor's name (default: LSE)"""
     order: tuple[str, ...] | None = None
+    """the row loops in the order M and LSE are laid out (default: the definition's)"""
     new_names = ("max_name", "lse_name")
 
     @property

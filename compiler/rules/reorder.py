@@ -29,8 +29,11 @@ from .base import Facts, Rule, StepParams, find_binder, replace_node
 
 class ReorderParams(StepParams):
     def_: str = Field(alias="def")
+    """the definition whose loops or reductions are exchanged"""
     outer: str
+    """the outer of the two adjacent loops (or directly nested reductions)"""
     inner: str
+    """the inner one: it becomes the outer"""
 
 
 class Reorder(Rule):

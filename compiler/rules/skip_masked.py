@@ -36,7 +36,9 @@ from .base import Facts, Rule, StepParams, const_extent, find_binder, replace_no
 
 class SkipMaskedParams(StepParams):
     def_: str = Field(alias="def")
+    """the definition whose guarded tile loop is shortened"""
     index: str
+    """the tile index (e.g. jo) whose range the guard bounds from above"""
 
 
 TILE_VAR = "_tile_offset"

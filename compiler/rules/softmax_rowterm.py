@@ -28,8 +28,11 @@ from .fuse import value_at
 
 class RowtermParams(StepParams):
     def_: str = Field(alias="def")
-    probs: str  # the probabilities P
-    output: str  # the forward output O = Σ_j P · V
+    """the definition of the row term Σ_j P·dP"""
+    probs: str
+    """the probabilities P"""
+    output: str
+    """the forward output O = Σ_j P·V"""
 
 
 def _factors(e: Expr) -> tuple[Expr, Expr] | None:

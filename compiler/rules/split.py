@@ -20,9 +20,13 @@ from .base import Facts, Rule, StepParams, const_extent, find_binder, freshen_bi
 
 class SplitParams(StepParams):
     def_: str = Field(alias="def")
+    """the definition holding the reduction"""
     index: str
+    """the reduced index whose range is split (a fixed extent)"""
     at: int = Field(ge=1)
+    """the split point, strictly inside the extent"""
     second: str | None = None
+    """the index name of the second part (default: <index>2)"""
     new_names = ("second",)
 
 

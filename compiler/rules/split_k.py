@@ -41,10 +41,15 @@ from .split_kv import with_chain
 
 class SplitKParams(StepParams):
     def_: str = Field(alias="def")
+    """the plain definition holding the sum"""
     index: str
+    """the sum's (tile) index divided among the splits"""
     splits: int
+    """the number of splits S (at least 1)"""
     split_index: str = "ks"
-    name: str = ""  # the partial sums' workspace tensor (default: <def>_part)
+    """the new loop over the splits"""
+    name: str = ""
+    """the partial sums' workspace tensor (default: <def>_part)"""
     new_names = ("split_index",)
 
 

@@ -53,10 +53,15 @@ from .fold_stat import online_pair
 
 class SplitKvParams(StepParams):
     def_: str = Field(alias="def")
+    """the plain definition ending in ONLINE-AGG's fold"""
     index: str
+    """the fold's key-tile index divided among the splits"""
     splits: int
+    """the number of splits S (at least 2)"""
     split_index: str = "ks"
-    name: str = ""  # the partial accumulator (default: <def>_part); <name>_m, <name>_l beside it
+    """the new loop over the splits"""
+    name: str = ""
+    """the partial accumulator tensor (default: <def>_part); <name>_m, <name>_l beside it"""
     new_names = ("split_index",)
 
 

@@ -27,8 +27,11 @@ from .base import Facts, Rule, StepParams, enclosing_binders, guarded, replace_n
 
 class SplitSoftmaxParams(StepParams):
     def_: str = Field(alias="def")
+    """the definition holding the softmax"""
     max_name: str | None = None
+    """the row max definition's name (default: M)"""
     sum_name: str | None = None
+    """the row sum definition's name (default: L)"""
     new_names = ("max_name", "sum_name")
 
 

@@ -27,11 +27,17 @@ from .base import Facts, Rule, StepParams, const_extent, find_binder, guarded, r
 
 class TileParams(StepParams):
     def_: str = Field(alias="def")
+    """the definition whose loop or reduction is tiled"""
     index: str
+    """the loop or summed / maxed index to split into outer * size + inner"""
     size: int = Field(ge=1)
-    guard: bool | None = None  # None: guard exactly when needed; False: demand divisibility
+    """the tile size"""
+    guard: bool | None = None
+    """omitted: guard exactly when needed; false: demand that size divides a fixed extent"""
     outer: str | None = None
+    """the tile index's name (default: <index>o)"""
     inner: str | None = None
+    """the offset's name (default: <index>i)"""
     new_names = ("outer", "inner")
 
 

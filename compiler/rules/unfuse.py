@@ -31,8 +31,11 @@ from .base import Facts, Rule, StepParams, enclosing_binders, find_binder, repla
 
 class UnfuseParams(StepParams):
     def_: str = Field(alias="def")
+    """the definition holding the reduction"""
     index: str
+    """the reduced index of the sum to materialise"""
     name: str
+    """the new definition's name"""
     new_names = ("name",)
 
 
