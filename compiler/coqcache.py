@@ -26,6 +26,8 @@ restored from a backup, carries no valid MAC, since the key never leaves its 060
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import hmac
 import json
@@ -35,6 +37,7 @@ import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 KEY_FILE = "key"
 KEY_BYTES = 32
@@ -247,23 +250,33 @@ def cached_library(root: Path, key: bytes, version: str) -> CoqLibrary:
     found = _checked_library(lib, key, src, version)
     if found is not None:
         return found
-    tmp = _compile_into(root, src, version, key)
-    try:
-        if os.path.lexists(lib):  # damaged, planted or from before manifests: moved out, removed
-            try:
-                os.replace(lib, tmp / "stale")
-            except OSError:
-                pass
+    with _locked(root / ".lock"):  # one process compiles; the others then find its library
+        found = _checked_library(lib, key, src, version)
+        if found is not None:
+            return found
+        tmp = _compile_into(root, src, version, key)
         try:
+            if os.path.lexists(lib):  # damaged, planted or from before manifests: moved out, removed
+                os.replace(lib, tmp / "stale")
             os.replace(tmp / "coq", lib)
-        except OSError:  # another process swapped its own in first
-            pass
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    found = _checked_library(lib, key, src, version)
+        except OSError as exc:
+            raise CoqLibraryError(f"cannot replace the compiled library {lib}: {exc.strerror or exc}") from None
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        found = _checked_library(lib, key, src, version)
     if found is None:
         raise CoqLibraryError(f"the proof library compiled into {lib} does not match its manifest")
     return found
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 _PRIVATE: dict[str, CoqLibrary] = {}

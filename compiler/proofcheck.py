@@ -352,9 +352,7 @@ class PendingCheck:
     def _check_one(self, step: int, rule: str, file: str, lib: Path, key: str) -> ObligationResult:
         if self._stop.is_set():
             return ObligationResult(step, rule, file, "not run")
-        if key in _PROVED:
-            return ObligationResult(step, rule, file, "passed", seconds=_PROVED[key])
-        r = run_coqc(self._scratch / file, lib, self._timeout, self._stop)
+        r = CoqRun(0, "", _PROVED[key]) if key in _PROVED else run_coqc(self._scratch / file, lib, self._timeout, self._stop)
         self._finished = max(self._finished, time.monotonic())
         if r.stopped:
             return ObligationResult(step, rule, file, "not run", seconds=r.seconds)

@@ -208,8 +208,10 @@ def test_verify_on_a_poisoned_library_cache_fails_a_false_obligation(spec: Path,
     out = tmp_path / "out"
     rc, _, stderr = build(spec, out)
     assert rc == 0, stderr
-    _poison(root, poisoned_all_vo)
-    if cache == "open to others":
+    lib = _poison(root, poisoned_all_vo)
+    if cache == "open to others":  # whatever it holds, even a manifest that vouches for the poison
+        body = coqcache._manifest_body(lib.name[4:], proofcheck.coqc_version(), coqcache._file_hashes(lib))
+        (lib / coqcache.MANIFEST).write_text(json.dumps({"mac": coqcache.mac(coqcache.open_cache(root), body)}))
         root.chmod(0o777)
     rc, stdout, stderr = run_cli(["--plain", "verify", str(out)])
     assert rc == 4 and "step 1 (tile): proof obligation proofs/Step01_TILE.v failed" in stderr, stdout + stderr
