@@ -215,3 +215,26 @@ def test_verify_on_a_poisoned_library_cache_fails_a_false_obligation(spec: Path,
         root.chmod(0o777)
     rc, stdout, stderr = run_cli(["--plain", "verify", str(out)])
     assert rc == 4 and "step 1 (tile): proof obligation proofs/Step01_TILE.v failed" in stderr, stdout + stderr
+
+
+# --------------------------------------------------------------------------- checked once per process
+
+
+def test_an_identical_obligation_is_checked_once_per_process_and_a_false_one_every_time(tmp_path: Path,
+                                                                                        monkeypatch):
+    proofs = tmp_path / "proofs"
+    proofs.mkdir()
+    index = {"steps": [{"step": 1, "rule": "tile", "files": {"coq": "Step01_TILE.v"}},
+                       {"step": 2, "rule": "tile", "files": {"coq": "Step02_TILE.v"}}]}
+    (proofs / "index.json").write_text(json.dumps(index))
+    fresh = f"derivc_once_{os.getpid()}_{tmp_path.name}"  # proved by nothing earlier in this process
+    (proofs / "Step01_TILE.v").write_text(f"Require Import Derivc.All.\nTheorem {fresh} : True. exact I. Qed.\n")
+    (proofs / "Step02_TILE.v").write_text(f"Theorem {fresh} : 1 = 2. reflexivity. Qed.\n")
+    runs: list[str] = []
+    real = proofcheck.run_coqc
+    monkeypatch.setattr(proofcheck, "run_coqc", lambda v, *a: runs.append(v.name) or real(v, *a))
+    monkeypatch.setenv("DERIVC_COQ_CACHE", str(tmp_path / "coq"))
+    for _ in range(2):  # as verify does: no pass record read
+        check = proofcheck.check_obligations(proofs, use_cache=False, stop_on_failure=False)
+        assert [r.status for r in check.results] == ["passed", "FAILED"]
+    assert sorted(runs) == ["Step01_TILE.v", "Step02_TILE.v", "Step02_TILE.v"]
