@@ -221,7 +221,7 @@ def _checked_library(lib: Path, key: bytes, src: str, version: str) -> CoqLibrar
             return None
     except (OSError, ValueError, AttributeError):
         return None
-    return CoqLibrary(lib, hashlib.sha256(f"{body}".encode()).hexdigest())
+    return CoqLibrary(lib, hashlib.sha256(body.encode()).hexdigest())
 
 
 def _compile_into(parent: Path, src: str, version: str, key: bytes | None) -> Path:
@@ -230,13 +230,16 @@ def _compile_into(parent: Path, src: str, version: str, key: bytes | None) -> Pa
 
     tmp = Path(tempfile.mkdtemp(prefix=f".lib-{src}.tmp-", dir=parent))
     try:
-        coqlib.build_library(coqlib.COQ_DIR, tmp / "coq")
-    except coqlib.CoqError as exc:
+        try:
+            coqlib.build_library(coqlib.COQ_DIR, tmp / "coq")
+        except coqlib.CoqError as exc:
+            raise CoqLibraryError(f"the proof library does not compile: {str(exc).splitlines()[0]}") from None
+        if key is not None:
+            body = _manifest_body(src, version, _file_hashes(tmp / "coq"))
+            (tmp / "coq" / MANIFEST).write_text(json.dumps({"mac": mac(key, body), "body": json.loads(body)}) + "\n")
+    except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise CoqLibraryError(f"the proof library does not compile: {str(exc).splitlines()[0]}") from None
-    if key is not None:
-        body = _manifest_body(src, version, _file_hashes(tmp / "coq"))
-        (tmp / "coq" / MANIFEST).write_text(json.dumps({"mac": mac(key, body), "body": json.loads(body)}) + "\n")
+        raise
     return tmp
 
 
