@@ -7,12 +7,15 @@
 * Pool: one coqc process per core (`os.sched_getaffinity`), obligations started in step order.
   With `stop_on_failure`, the first failure kills the running coqc processes and the build
   reports it at once.
-* Cache: `$DERIVC_COQ_CACHE`, else `$DERIVC_CACHE_DIR/coq`, else `~/.cache/derivc/coq`.  The Coq
-  library (proofs_ci/coq) is compiled once per content and coqc version into `lib-<digest>/`;
-  an obligation that passed is recorded as `passed/<key>.json`, key = sha256 of the obligation
-  text, the library's sources and compiled .vo files, and the coqc version.  Entries are written
-  to a temp file and moved into place (readers never see half a file); only passes are cached.
-  The cache is trusted by `derivc build` only: anyone who can write it can forge a pass.
+* Cache (compiler.coqcache): `$DERIVC_COQ_CACHE`, else `$DERIVC_CACHE_DIR/coq`, else
+  `~/.cache/derivc/coq`, private to the user (0700, refused — said once on stderr, and the check
+  goes on without it — when someone else could write it).  The Coq library (proofs_ci/coq) is
+  compiled once per content and coqc version into `lib-<digest>/` and checked against its
+  manifest's hashes at every use; an obligation that passed is recorded under a MAC of its key
+  (key = sha256 of the obligation text, the library's sources and compiled files, and the coqc
+  version).  Entries are written to a temp file and moved into place (readers never see half a
+  file); only passes are cached.  Pass records are read by `derivc build` only; `derivc verify`
+  and `build --verify` run coqc on every obligation (identical ones once per process).
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -30,6 +34,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from . import coqcache
+from .coqcache import CoqLibrary, CoqLibraryError, UnsafeCache, cache_root  # noqa: F401 (part of this API)
 
 # Bounds per coqc process, far above what the slowest correct obligation of the examples
 # needs (~30 s of CPU, < 1 GB): they only stop a runaway proof search on a FALSE obligation
@@ -47,10 +54,6 @@ OBLIGATION_FILE = re.compile(r"Step[0-9]+_[A-Za-z0-9_]+\.v")
 
 class BadIndex(ValueError):
     """proofs/index.json is not what the build writes (verify trusts nothing in DIR)."""
-
-
-class CoqLibraryError(RuntimeError):
-    """The proof library itself does not compile (a broken installation, not the build's fault)."""
 
 
 # --------------------------------------------------------------------------- results
@@ -187,98 +190,51 @@ def coqc_version() -> str:
     return _VERSIONS[path]
 
 
-def cache_root() -> Path:
-    if os.environ.get("DERIVC_COQ_CACHE"):
-        return Path(os.environ["DERIVC_COQ_CACHE"])
-    if os.environ.get("DERIVC_CACHE_DIR"):
-        return Path(os.environ["DERIVC_CACHE_DIR"]) / "coq"
-    return Path.home() / ".cache" / "derivc" / "coq"
+_WARNED: set[str] = set()
 
 
-def _source_digest(coq_dir: Path, version: str) -> str:
-    h = hashlib.sha256(version.encode())
-    for p in sorted(coq_dir.rglob("*.v")):
-        if {"examples", "models"} & set(p.relative_to(coq_dir).parts):
-            continue
-        h.update(p.relative_to(coq_dir).as_posix().encode() + b"\0")
-        h.update(p.read_bytes())
-    h.update((coq_dir / "_CoqProject").read_bytes())
-    return h.hexdigest()[:16]
-
-
-def _compiled_digest(lib: Path) -> str:
-    h = hashlib.sha256()
-    for p in sorted(lib.rglob("*.vo")):
-        h.update(p.relative_to(lib).as_posix().encode() + b"\0")
-        h.update(p.read_bytes())
-    return h.hexdigest()
-
-
-@dataclass(frozen=True)
-class CoqLibrary:
-    path: Path  # pass as `-R <path> Derivc`
-    digest: str  # sha256 over the sources, the compiled .vo files and the coqc version
+def open_cache(root: Path) -> bytes | None:
+    """The key of the cache at `root`, or None when that cache must not be used (said once per
+    process on stderr: the check goes on without a cache, its library compiled privately)."""
+    try:
+        return coqcache.open_cache(root)
+    except UnsafeCache as exc:
+        if str(exc) not in _WARNED:
+            _WARNED.add(str(exc))
+            sys.stderr.write(f"derivc: warning: {exc}; proofs are checked without a cache\n")
+        return None
 
 
 def library(root: Path | None = None) -> CoqLibrary:
-    """The compiled proof library: compiled once per content and coqc version (under `root`,
-    default `cache_root()`), reused by every later build and process."""
-    from proofs_ci import coqlib
-
+    """The compiled proof library: compiled once per content and coqc version under `root`
+    (default `cache_root()`) and checked against its manifest at every use; compiled privately
+    (once per process) when that cache must not be used."""
     version = coqc_version()
-    src = _source_digest(coqlib.COQ_DIR, version)
     root = Path(root or cache_root())
-    lib = root / f"lib-{src}"
-    done = lib / ".complete"
-    if not done.is_file():
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".lib-{src}.tmp-", dir=root))
-        try:
-            try:
-                coqlib.build_library(coqlib.COQ_DIR, tmp / "coq")
-            except coqlib.CoqError as exc:
-                raise CoqLibraryError(f"the proof library does not compile: {str(exc).splitlines()[0]}") from None
-            (tmp / "coq" / ".complete").write_text(_compiled_digest(tmp / "coq") + "\n")
-            try:
-                os.replace(tmp / "coq", lib)
-            except OSError:  # another process won the race
-                if not done.is_file():
-                    raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return CoqLibrary(lib, hashlib.sha256(f"{src}:{done.read_text().strip()}:{version}".encode()).hexdigest())
+    key = open_cache(root)
+    return coqcache.cached_library(root, key, version) if key is not None else coqcache.private_library(version)
 
 
 def obligation_key(text: bytes, lib: CoqLibrary) -> str:
     return hashlib.sha256(json.dumps({"format": CACHE_FORMAT, "library": lib.digest}).encode() + b"\0" + text).hexdigest()
 
 
-def _entry(root: Path, key: str) -> Path:
-    return root / "passed" / f"{key}.json"
-
-
 def cached_pass(root: Path, key: str) -> bool:
-    try:
-        return json.loads(_entry(root, key).read_text()).get("key") == key
-    except (OSError, ValueError, AttributeError):
-        return False
+    """Whether the cache at `root` records a pass of obligation `key` (under its MAC'd name)."""
+    secret = open_cache(root)
+    return secret is not None and coqcache.cached_pass(root, secret, key)
 
 
 def store_pass(root: Path, key: str, file: str, seconds: float) -> None:
-    """Record a pass atomically; a cache that cannot be written is no error."""
-    directory = root / "passed"
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{key[:16]}.", suffix=".tmp", dir=directory)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump({"key": key, "file": file, "seconds": seconds}, f)
-            os.replace(tmp, _entry(root, key))
-        except BaseException:
-            os.unlink(tmp)
-            raise
-    except OSError:
-        pass
+    secret = open_cache(root)
+    if secret is not None:
+        coqcache.store_pass(root, secret, key, file, seconds)
+
+
+# Obligations coqc passed in this process (obligation_key -> seconds): an identical obligation
+# (same text, same library content) is not checked twice by one process, verify's included
+# (a result of its own coqc, not a record read from anywhere).
+_PROVED: dict[str, float] = {}
 
 
 @dataclass(frozen=True)
@@ -373,37 +329,37 @@ class PendingCheck:
         entries = _index(proofs)
         self.jobs = max(1, min(jobs or jobs_for_machine(), len(entries) or 1))
         texts = {f: (proofs / f).read_bytes() for _, _, f in entries}
-        lib: CoqLibrary | None = None
-        keys: dict[str, str] = {}
-        if use_cache:  # the compiled library's digest is part of every key
-            lib = library(self._root)
-            keys = {f: obligation_key(t, lib) for f, t in texts.items()}
-        misses = [e for e in entries if not (use_cache and cached_pass(self._root, keys[e[2]]))]
-        if misses and lib is None:
-            lib = library(self._root)
+        secret = open_cache(self._root)  # None: the cache is not the user's alone, not used at all
+        lib = (coqcache.cached_library(self._root, secret, self._by) if secret is not None
+               else coqcache.private_library(self._by))
+        keys = {f: obligation_key(t, lib) for f, t in texts.items()}
+        self._secret = secret if use_cache else None  # verify and --verify: no record read or written
+        misses = [e for e in entries
+                  if not (self._secret is not None and coqcache.cached_pass(self._root, self._secret, keys[e[2]]))]
         # coqc runs on copies: its by-products (.vo, .glob, .aux) never land in the build
         self._scratch = Path(tempfile.mkdtemp(prefix="derivc-coqc-"))
         for _, _, f in misses:
             (self._scratch / f).write_bytes(texts[f])
         self._pool = ThreadPoolExecutor(self.jobs, thread_name_prefix="coqc") if misses else None
         for step, rule, f in entries:
-            if self._pool is None or lib is None or (step, rule, f) not in misses:
+            if self._pool is None or (step, rule, f) not in misses:
                 self._futures.append((step, rule, f, ObligationResult(step, rule, f, "passed", cached=True)))
             else:
-                fut = self._pool.submit(self._check_one, step, rule, f, lib.path, keys.get(f))
+                fut = self._pool.submit(self._check_one, step, rule, f, lib.path, keys[f])
                 self._futures.append((step, rule, f, fut))
         self._finished = max(self._finished, time.monotonic())  # moved on by each coqc run that ends later
 
-    def _check_one(self, step: int, rule: str, file: str, lib: Path, key: str | None) -> ObligationResult:
+    def _check_one(self, step: int, rule: str, file: str, lib: Path, key: str) -> ObligationResult:
         if self._stop.is_set():
             return ObligationResult(step, rule, file, "not run")
-        r = run_coqc(self._scratch / file, lib, self._timeout, self._stop)
+        r = CoqRun(0, "", _PROVED[key]) if key in _PROVED else run_coqc(self._scratch / file, lib, self._timeout, self._stop)
         self._finished = max(self._finished, time.monotonic())
         if r.stopped:
             return ObligationResult(step, rule, file, "not run", seconds=r.seconds)
         if r.returncode == 0:
-            if key is not None:
-                store_pass(self._root, key, file, r.seconds)
+            _PROVED[key] = r.seconds
+            if self._secret is not None:
+                coqcache.store_pass(self._root, self._secret, key, file, r.seconds)
             return ObligationResult(step, rule, file, "passed", seconds=r.seconds)
         if self._stop_on_failure:
             self._stop.set()

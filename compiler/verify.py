@@ -10,11 +10,13 @@
    error line names the first.
 3. Prove: coqc checks every obligation DIR/proofs holds, in parallel, each one anew: verify
    never takes a pass from the build's proof cache (compiler.proofcheck; only the compiled
-   proof library is reused); Lean obligations are checked with `lake env lean` when `lake` is on PATH,
+   proof library is reused, once every file of it matches the hash recorded when it was
+   compiled, and only from a cache that is the user's alone: compiler.coqcache); Lean obligations are checked with `lake env lean` when `lake` is on PATH,
    otherwise reported as "not checked: no Lean toolchain", never as passed.
 
 Prints the results, writes DIR/proofs/verify.json, exits 0 only if nothing differed and every
-Coq obligation passed, else 4 (1 when coqc is not installed: nothing is certified).
+Coq obligation passed, else 4 (1 when coqc is not installed: nothing is certified; 2 when
+DIR is not a directory).
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from . import proofcheck
-from .errors import EXIT_OK, EXIT_VERIFY_FAILED, DerivationError, SpecError
+from .errors import EXIT_INVALID_INPUT, EXIT_OK, EXIT_VERIFY_FAILED, DerivationError, SpecError
 
 EXIT_UNAVAILABLE = 1  # as compiler.cli: a tool this command needs is not installed
 
@@ -276,7 +278,9 @@ def spec_origin(build: Path) -> str:
 
 
 def coq_library(cache_root: Path | None = None) -> Path:
-    """The compiled library directory (built once per library content and coqc version)."""
+    """The compiled library directory (built once per library content and coqc version, its
+    files checked against their recorded hashes at every use; compiled privately in a temporary
+    directory when the cache is not the user's alone: compiler.coqcache)."""
     return proofcheck.library(cache_root).path
 
 
@@ -382,8 +386,10 @@ def main(args: Any) -> int:
         sys.stderr.write(f"derivc: error: {build}: verify: {' '.join(reason.split())[:500]}\n")
         return EXIT_VERIFY_FAILED
 
-    if not build.is_dir():
-        return fail("not a directory")
+    if not build.is_dir():  # bad input, not a failed verification
+        what = "not a directory" if build.exists() else "no such directory"
+        sys.stderr.write(f"derivc: error: {build}: verify: {what}\n")
+        return EXIT_INVALID_INPUT
     out = Out(plain=getattr(args, "plain", False))
     mismatches, same = check_files(build)
     if mismatches:

@@ -212,17 +212,65 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.xdist_group(f"obligations-{Path(str(example)).stem}"))
 
 
+def _library_content(lib: Path) -> str | None:
+    """sha256 of a compiled Coq library's .vo files (what coqc loads through `-R`), None if
+    it has none."""
+    import hashlib
+
+    vos = sorted(lib.rglob("*.vo"))
+    if not vos:
+        return None
+    h = hashlib.sha256()
+    for p in vos:
+        h.update(p.relative_to(lib).as_posix().encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()
+
+
+def _sources_digest(coq_dir: Path, examples: bool) -> str:
+    """sha256 of every source of a Coq library directory (build products left out)."""
+    import hashlib
+
+    h = hashlib.sha256(f"examples={examples}".encode())
+    for p in sorted(coq_dir.rglob("*")):
+        if p.is_file() and p.suffix not in (".vo", ".vok", ".vos", ".glob", ".aux", ".cache"):
+            h.update(p.relative_to(coq_dir).as_posix().encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """An exclusive lock on `path` (fcntl): one xdist worker at a time."""
+    import fcntl
+
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def coqc_once_per_obligation(tmp_path_factory):
-    """Within one test run, coqc checks each obligation text against each compiled library
-    once: several tests build the same examples and check the same obligations.  A different
-    text (a corrupted obligation), file name or library (another directory, or one rebuilt:
-    All.vo changes) is checked anew.  Results are shared by the xdist workers through files
-    written atomically under the run's temporary directory."""
+    """Within one test run, the Coq library is compiled once per source content and coqc
+    checks each obligation text against each compiled library content once: many tests
+    compile the library into a directory of their own (a cache of their own) and build the
+    same examples.
+
+    * `coqlib.build_library(src, out_dir)` compiles into a run-wide directory the first time
+      (one xdist worker at a time, under a file lock) and copies the compiled library into
+      `out_dir` after: same sources (examples or not), same files.  A library changed in any
+      source file (a test's broken copy) is compiled for real; so is an in-place build.
+    * coqc's verdict on an obligation is keyed by its file name, its text and the content of
+      the library's .vo files: a corrupted obligation or a different (planted, rebuilt)
+      library is checked anew.
+    Results are shared by the xdist workers through files written atomically under the run's
+    temporary directory."""
     import dataclasses
     import hashlib
     import json
     import os
+    import shutil
     import subprocess
     import threading
 
@@ -236,13 +284,28 @@ def coqc_once_per_obligation(tmp_path_factory):
         root = root.parent  # .../pytest-N/popen-gwK: share .../pytest-N between the workers
     results = root / "coqc-results"
     results.mkdir(exist_ok=True)
+    libraries = root / "coq-libraries"
+    libraries.mkdir(exist_ok=True)
     check = coqlib.check_obligation
+    build = coqlib.build_library
+    version = subprocess.run(["coqc", "--print-version"], capture_output=True, text=True).stdout \
+        if shutil.which("coqc") else ""
+
+    def build_once(coq_dir: Path = coqlib.COQ_DIR, out_dir: Path | None = None, examples: bool = False,
+                   timeout: float = 300) -> Path:
+        if out_dir is None:  # in place: the test is about that directory
+            return build(coq_dir, out_dir, examples, timeout)
+        compiled = libraries / hashlib.sha256(f"{version}:{_sources_digest(Path(coq_dir), examples)}".encode()).hexdigest()
+        with _locked(libraries / f"{compiled.name}.lock"):
+            if not compiled.is_dir():
+                build(coq_dir, compiled.with_suffix(".tmp"), examples, timeout)
+                os.replace(compiled.with_suffix(".tmp"), compiled)
+        shutil.copytree(compiled, out_dir, dirs_exist_ok=True)
+        return Path(out_dir)
 
     def check_once(vfile, lib_dir=coqlib.COQ_DIR, timeout: float = 300) -> subprocess.CompletedProcess:
         vfile, lib = Path(vfile).resolve(), Path(lib_dir).resolve()
-        built = lib / "All.vo"
-        stamp = [built.stat().st_mtime_ns, built.stat().st_size] if built.exists() else None
-        key = hashlib.sha256(json.dumps([vfile.name, vfile.read_text(), str(lib), stamp]).encode()).hexdigest()
+        key = hashlib.sha256(json.dumps([vfile.name, vfile.read_text(), _library_content(lib) or str(lib)]).encode()).hexdigest()
         entry = results / f"{key}.json"
         if entry.exists():
             r = json.loads(entry.read_text())
@@ -261,9 +324,8 @@ def coqc_once_per_obligation(tmp_path_factory):
     def run_once(vfile, lib, timeout, stop) -> proofcheck.CoqRun:
         """The build's and verify's coqc (compiler.proofcheck), served the same way."""
         vfile, lib = Path(vfile).resolve(), Path(lib).resolve()
-        built = lib / "All.vo"
-        stamp = [built.stat().st_mtime_ns, built.stat().st_size] if built.exists() else None
-        key = hashlib.sha256(json.dumps(["run", vfile.name, vfile.read_text(), str(lib), stamp]).encode()).hexdigest()
+        key = hashlib.sha256(json.dumps(["run", vfile.name, vfile.read_text(), _library_content(lib) or str(lib),
+                                         proofcheck.COQC_CPU_LIMIT_S]).encode()).hexdigest()
         entry = results / f"{key}.json"
         if entry.exists():
             return proofcheck.CoqRun(**json.loads(entry.read_text()))
@@ -275,6 +337,7 @@ def coqc_once_per_obligation(tmp_path_factory):
         return r
 
     with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(coqlib, "build_library", build_once)
         mp.setattr(coqlib, "check_obligation", check_once)
         mp.setattr(proofcheck, "run_coqc", run_once)
         # builds of the whole run (in-process and subprocesses) share one proof cache and one

@@ -102,6 +102,18 @@ def test_verify_fails_on_a_broken_obligation(built, tmp_path, capsys, monkeypatc
     assert [r["step"] for r in report["steps"] if r["coq"] != "passed"] == [3]
 
 
+@pytest.mark.parametrize("what", ["missing", "a file"])
+def test_verify_on_no_directory_is_bad_input(tmp_path, capsys, what):
+    """Exit 2 (bad input, nothing to verify) with one line, not 4 (a verification that failed)."""
+    target = tmp_path / "nothing"
+    if what == "a file":
+        target.write_text("x")
+    assert cli_main(["--plain", "verify", str(target)]) == 2
+    err = capsys.readouterr().err
+    reason = "no such directory" if what == "missing" else "not a directory"
+    assert err == f"derivc: error: {target}: verify: {reason}\n", err
+
+
 # --------------------------------------------------------------------------- mutations
 
 

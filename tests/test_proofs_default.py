@@ -1,7 +1,8 @@
 """`derivc build` checks the Coq obligations by default (compiler/proofcheck.py).
 
-Every build here has its own proof cache (DERIVC_COQ_CACHE under tmp_path) and a small GEMM
-schedule (obligations of ~1 s each), so that the cold path really runs coqc.
+Every build here has its own proof cache (DERIVC_COQ_CACHE under tmp_path; the library in it is
+a copy of the one the test run compiled once, tests/conftest.py) and a small GEMM schedule
+(obligations of ~1 s each), so that the cold path really runs coqc.
 """
 from __future__ import annotations
 
@@ -24,15 +25,12 @@ SCHEDULE = [{"rule": "tile", "def": "C", "index": "i", "size": 16},
 
 @pytest.fixture(scope="module")
 def compiled_library(tmp_path_factory) -> Path | None:
-    """The proof library compiled once for the module; each test copies it into its own cache."""
     return proofcheck.library(tmp_path_factory.mktemp("coqlib")).path if HAVE_COQC else None
 
 
 @pytest.fixture
-def spec(tmp_path: Path, monkeypatch, compiled_library) -> Path:
+def spec(tmp_path: Path, monkeypatch) -> Path:
     monkeypatch.setenv("DERIVC_COQ_CACHE", str(tmp_path / "coq-cache"))
-    if compiled_library is not None:
-        shutil.copytree(compiled_library, tmp_path / "coq-cache" / compiled_library.name)
     f = tmp_path / "gemm.yaml"
     f.write_text(gemm_yaml(SCHEDULE))
     return f
@@ -171,6 +169,7 @@ def test_verify_does_not_trust_the_cache(spec: Path, tmp_path: Path, monkeypatch
 
 @needs_coqc
 def test_the_cache_key_covers_text_library_and_coqc(tmp_path: Path, compiled_library):
+    from compiler import coqcache
     from proofs_ci import coqlib
 
     lib = proofcheck.library(compiled_library.parent)
@@ -179,12 +178,13 @@ def test_the_cache_key_covers_text_library_and_coqc(tmp_path: Path, compiled_lib
     other = proofcheck.CoqLibrary(lib.path, lib.digest[::-1])
     assert key != proofcheck.obligation_key(b"Goal True. exact I. Qed.", other)
     real = proofcheck.coqc_version()  # another coqc: another library directory, other keys
-    assert proofcheck._source_digest(coqlib.COQ_DIR, "coqc 0.0") != proofcheck._source_digest(coqlib.COQ_DIR, real)
-    assert lib.path.name == f"lib-{proofcheck._source_digest(coqlib.COQ_DIR, real)}"
+    assert coqcache.source_digest(coqlib.COQ_DIR, "coqc 0.0") != coqcache.source_digest(coqlib.COQ_DIR, real)
+    assert lib.path.name == f"lib-{coqcache.source_digest(coqlib.COQ_DIR, real)}"
     proofcheck.store_pass(tmp_path, key, "x.v", 1.0)
     assert proofcheck.cached_pass(tmp_path, key)
-    assert [p.name for p in (tmp_path / "passed").iterdir()] == [f"{key}.json"]  # no temp file left
-    (tmp_path / "passed" / f"{key}.json").write_text("{")  # a torn entry is a miss
+    entry = f"{coqcache.mac(coqcache.open_cache(tmp_path), key)}.json"  # named by the user's MAC
+    assert [p.name for p in (tmp_path / "passed").iterdir()] == [entry]  # no temp file left
+    (tmp_path / "passed" / entry).write_text("{")  # a torn entry is a miss
     assert not proofcheck.cached_pass(tmp_path, key)
 
 
