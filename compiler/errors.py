@@ -2,12 +2,57 @@
 from __future__ import annotations
 
 import difflib
+import reprlib
 from collections.abc import Iterable
+from typing import Any
 
 EXIT_OK = 0
 EXIT_INVALID_INPUT = 2
 EXIT_DERIVATION_FAILED = 3
 EXIT_VERIFY_FAILED = 4
+
+# The longest `where: reason` of an error line (the file name comes on top): whatever the input
+# holds, the one line stays readable.  A statement is shown cut around its failing column
+# (excerpt), a value by a bounded repr (shown_value); this is the net under both.
+MAX_MESSAGE = 300
+EXCERPT_CONTEXT = 60
+MAX_WHERE = 100  # a field's path, which may hold a name the input made up
+
+
+def printable(text: str) -> str:
+    """`text` with every character a terminal would act on (a line break of str.splitlines, an
+    escape) written as its Python escape, so that an error stays one visible line."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def clip(text: str, limit: int = MAX_MESSAGE) -> str:
+    """`text` if at most `limit` characters, else its start and end around a '…'."""
+    text = str(text)
+    if len(text) <= limit:
+        return text
+    head = (limit - 1) * 2 // 3
+    return text[:head] + "…" + text[len(text) - (limit - 1 - head):]
+
+
+def excerpt(text: str, column: int, context: int = EXCERPT_CONTEXT) -> str:
+    """`text` cut to `context` characters either side of the 1-based `column`, '…' where cut,
+    with the failing character marked by '⟦ ⟧' when the text had to be cut."""
+    at = max(0, min(column - 1, len(text)))
+    if len(text) <= 2 * context:
+        return text
+    lo, hi = max(0, at - context), min(len(text), at + context)
+    return ("…" if lo else "") + text[lo:at] + "⟦" + text[at:at + 1] + "⟧" + text[at + 1:hi] + ("…" if hi < len(text) else "")
+
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlist = _SHOWN.maxdict = _SHOWN.maxtuple = _SHOWN.maxset = 6
+_SHOWN.maxstring = _SHOWN.maxother = 80
+_SHOWN.maxlevel = 3
+
+
+def shown_value(value: Any) -> str:
+    """A value of the input as an error shows it: its repr, bounded in length and depth."""
+    return clip(_SHOWN.repr(value), 120)
 
 
 class SpecError(Exception):
@@ -21,7 +66,7 @@ class SpecError(Exception):
 
     def message(self) -> str:
         loc = f"{self.file}: " if self.file else ""
-        return f"{loc}{self.where}: {self.reason}"
+        return f"{loc}{clip(printable(f'{clip(self.where, MAX_WHERE)}: {self.reason}'))}"
 
     def in_file(self, file: str) -> "SpecError":
         return SpecError(self.where, self.reason, file)
@@ -39,7 +84,7 @@ class DerivationError(Exception):
     def message(self) -> str:
         loc = f"{self.file}: " if self.file else ""
         step = f"step {self.step} " if self.step is not None else ""
-        return f"{loc}{step}({self.rule}): {self.reason}"
+        return f"{loc}{clip(printable(f'{step}({self.rule}): {self.reason}'))}"
 
     def at(self, step: int, file: str = "") -> "DerivationError":
         return type(self)(self.rule, self.reason, step, file)

@@ -54,7 +54,7 @@ class _Lowering:
         try:
             st = parse_statement(text)
         except ParseError as exc:
-            raise SpecError(where, f"cannot parse {text!r}: {exc}") from None
+            raise SpecError(where, f"cannot parse: {exc.shown_in(text)}") from None
         if st.tensor in self.types:
             raise SpecError(where, f"tensor {st.tensor} is already defined")
         for name in (st.tensor, *st.idx, *_bound_in(st.body)):

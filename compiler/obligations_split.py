@@ -52,7 +52,7 @@ def ob_split_kv(rec, before: Program, after: Program, finish) -> Obligation:
              "  derivc_congr.")
     lean = ("by\n  intros\n  rw [online_merge_global]\n  simp only [OState.st_acc, OState.st_l, OState.st_m]\n"
             "  derivc_congr")
-    ob = _ob(rec, "online_merge_global", status="partial", checked=(
+    ob = _ob(rec, rec.theorem, status="partial", checked=(
         f"the combine of {p.def_} (its body as written, the partial tensors {part}, {part_m}, {part_l} "
         f"quantified) equals acc / l of the fold's left-to-right merge of the {S} partial states "
         "(online_merge_global); its loop nest, guard and store are unchanged"),

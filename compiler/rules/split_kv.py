@@ -106,7 +106,8 @@ class SplitKv(Rule):
                             f"{d.name}[loops]): split before tiling or mapping its loops")
         if len(d.loops) < 1:
             raise self.fail(f"{d.name} has no loop")
-        return {"site": fold, "m": m, "l": l, "acc": acc, "tiles": str(fold.ext), "splits": p.splits,
+        return {"theorem": "online_merge_global", "site": fold, "m": m, "l": l, "acc": acc, "tiles": str(fold.ext),
+                "splits": p.splits,
                 "partials": list(_partial_names(p)),
                 "assignment": f"split {p.split_index} folds tiles {p.splits}*{p.index} + {p.split_index}"}
 
