@@ -96,6 +96,13 @@ class StepInputError(DerivationError):
 
     exit_code = EXIT_INVALID_INPUT
 
+    def message(self) -> str:
+        """As a parameter error reads: the schedule entry first (schedule[k-1] is step k)."""
+        if self.step is None:
+            return super().message()
+        loc = f"{self.file}: " if self.file else ""
+        return f"{loc}{clip(printable(f'schedule[{self.step - 1}]: step {self.step} ({self.rule}): {self.reason}'))}"
+
 
 def did_you_mean(name: str, known: Iterable[str]) -> str:
     """' (did you mean 'x'?)' for the closest of `known`, or ''."""

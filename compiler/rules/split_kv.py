@@ -46,6 +46,7 @@ from ..ir import (
 )
 from ..names import name_problem
 from ..kernel_view import CHAIN_FACT
+from ..machine import DEVICE
 from . import register
 from .base import Facts, Rule, StepParams
 from .fold_stat import online_pair
@@ -54,7 +55,7 @@ from .fold_stat import online_pair
 class SplitKvParams(StepParams):
     def_: str = Field(alias="def")
     index: str
-    splits: int
+    splits: int = Field(le=min(DEVICE.grid_limits))  # the splits run as blocks of one grid axis
     split_index: str = "ks"
     name: str = ""  # the partial accumulator (default: <def>_part); <name>_m, <name>_l beside it
     new_names = ("split_index",)
