@@ -41,7 +41,13 @@ def excerpt(text: str, column: int, context: int = EXCERPT_CONTEXT) -> str:
     if len(text) <= 2 * context:
         return text
     lo, hi = max(0, at - context), min(len(text), at + context)
-    return ("…" if lo else "") + text[lo:at] + "⟦" + text[at:at + 1] + "⟧" + text[at + 1:hi] + ("…" if hi < len(text) else "")
+    marked = text[lo:at] + "⟦" + text[at:at + 1] + "⟧" + text[at + 1:hi]
+    return ("…" if lo else "") + marked + ("…" if hi < len(text) else "")
+
+
+def located(file: str, text: str) -> str:
+    """`file: text`, the text one printable line of at most MAX_MESSAGE characters."""
+    return (f"{file}: " if file else "") + clip(printable(text))
 
 
 _SHOWN = reprlib.Repr()
@@ -65,8 +71,7 @@ class SpecError(Exception):
         super().__init__(self.message())
 
     def message(self) -> str:
-        loc = f"{self.file}: " if self.file else ""
-        return f"{loc}{clip(printable(f'{clip(self.where, MAX_WHERE)}: {self.reason}'))}"
+        return located(self.file, f"{clip(self.where, MAX_WHERE)}: {self.reason}")
 
     def in_file(self, file: str) -> "SpecError":
         return SpecError(self.where, self.reason, file)
@@ -82,9 +87,8 @@ class DerivationError(Exception):
         super().__init__(self.message())
 
     def message(self) -> str:
-        loc = f"{self.file}: " if self.file else ""
         step = f"step {self.step} " if self.step is not None else ""
-        return f"{loc}{clip(printable(f'{step}({self.rule}): {self.reason}'))}"
+        return located(self.file, f"{step}({self.rule}): {self.reason}")
 
     def at(self, step: int, file: str = "") -> "DerivationError":
         return type(self)(self.rule, self.reason, step, file)
@@ -98,10 +102,9 @@ class StepInputError(DerivationError):
 
     def message(self) -> str:
         """As a parameter error reads: the schedule entry first (schedule[k-1] is step k)."""
-        if self.step is None:
+        if self.step is None or self.step < 1:
             return super().message()
-        loc = f"{self.file}: " if self.file else ""
-        return f"{loc}{clip(printable(f'schedule[{self.step - 1}]: step {self.step} ({self.rule}): {self.reason}'))}"
+        return located(self.file, f"schedule[{self.step - 1}]: step {self.step} ({self.rule}): {self.reason}")
 
 
 def did_you_mean(name: str, known: Iterable[str]) -> str:
