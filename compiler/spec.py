@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, Stric
 from .errors import SpecError, clip, did_you_mean, shown_value
 
 MAX_YAML_DEPTH = 32  # nesting of mappings / lists in a schedule file
+MAX_YAML_VALUES = 100_000  # scalars, lists and mappings of a schedule file, aliases expanded
 MAX_SIZE = 2**31 - 1  # sizes index with 32-bit arithmetic in the kernels
 
 Dtype = Literal["f16", "bf16", "f32", "f64"]
@@ -144,9 +145,12 @@ class SpecFile(BaseModel):
 
 class StrictLoader(yaml.SafeLoader):
     """YAML without surprises: duplicate keys are errors, numbers are YAML 1.2 numbers (so
-    `1e-6` is a float and `0x80`, `yes`, `1:30` stay strings), nesting is bounded, and anchors,
-    aliases and merge keys are refused where the parser meets them, before any expansion (an
-    alias bomb, nine aliases of nine aliases..., would otherwise expand to 9^9 values)."""
+    `1e-6` is a float and `0x80`, `yes`, `1:30` stay strings), merge keys are refused, and the
+    document is bounded as it is composed, before anything is built from it: at most
+    MAX_YAML_DEPTH levels and MAX_YAML_VALUES values, an alias counted as the whole value it
+    stands for.  An alias bomb (nine aliases of nine aliases ..., 9^9 values in a few lines) is
+    refused at the alias that crosses the bound; the aliases yaml.safe_dump writes for shared
+    values (`&id001` / `*id001`) stay readable."""
 
     yaml_implicit_resolvers: dict = {}
 
@@ -157,13 +161,34 @@ class StrictLoader(yaml.SafeLoader):
             line = f"line {event.start_mark.line + 1}"
             if self._depth > MAX_YAML_DEPTH:
                 raise SpecError(line, f"YAML nested deeper than {MAX_YAML_DEPTH} levels")
-            if isinstance(event, yaml.AliasEvent):
-                raise SpecError(line, f"YAML aliases (*{clip(event.anchor, 40)}) are not supported: write the value out")
-            if getattr(event, "anchor", None) is not None:
-                raise SpecError(line, f"YAML anchors (&{clip(event.anchor, 40)}) are not supported: write the value out")
-            return super().compose_node(parent, index)
+            node = super().compose_node(parent, index)
+            self._bound(node, line, event)
+            return node
         finally:
             self._depth -= 1
+
+    def _bound(self, node: Any, line: str, event: Any) -> None:
+        """Record the node's expanded size and height (its children are composed already);
+        refuse a document that expands beyond the bounds, or an alias of a node it lies in."""
+        expanded: dict[int, tuple[int, int]] = self.__dict__.setdefault("_expanded", {})
+        alias = isinstance(event, yaml.AliasEvent)
+        if alias and id(node) not in expanded:
+            raise SpecError(line, f"YAML alias *{clip(event.anchor, 40)} refers to a value it lies inside "
+                                  "(a recursive alias)")
+        if not alias:
+            kids = node.value if isinstance(node, yaml.SequenceNode) else \
+                [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else []
+            sizes = [expanded[id(k)] for k in kids]
+            expanded[id(node)] = (1 + sum(n for n, _ in sizes), 1 + max((h for _, h in sizes), default=0))
+        count, height = expanded[id(node)]
+        total = self.__dict__.get("_total", 0) + (count if alias else 1)
+        self._total = total
+        what = f"the alias *{clip(event.anchor, 40)}" if alias else "the document"
+        if total > MAX_YAML_VALUES:
+            raise SpecError(line, f"YAML holds more than {MAX_YAML_VALUES} values, {what} counted expanded "
+                                  "(an alias bomb?): refused before expanding it")
+        if alias and self._depth - 1 + height > MAX_YAML_DEPTH:
+            raise SpecError(line, f"YAML nested deeper than {MAX_YAML_DEPTH} levels through {what}")
 
     def construct_mapping(self, node: Any, deep: bool = False) -> dict:
         seen: dict[Any, int] = {}
