@@ -190,6 +190,7 @@ def _emit_one(ks: KernelSource, promised: dict[str, Any], outdir: Path, stem: st
         report = disassemble(comp.cubin, ptxas_log=comp.log)
     except Exception as exc:  # disassembler missing: the cubin still stands
         (outdir / sass_name).write_text(json.dumps({"error": str(exc)}) + "\n")
+        result["sass_skipped"] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return result
     violations = check_promises(report, **promised)
     sass = {

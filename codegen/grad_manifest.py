@@ -4,6 +4,9 @@
      "kernels": [{"name": "D", "dir": "grad/D", "inputs": ["Y", "dY"], "output": "D",
                   "dtype": "f32", "shape": ["R"]}, ...]}
 
+A kernel that writes further outputs (FUSE-SUMS: dK beside dV) lists them in an optional
+"also": [{"name": "dK", "dtype": "f16", "shape": [...]}]; they are produced like its output.
+
 `read_manifest` checks the file on its own (fields, types, names) and against the forward build:
 every kernel input is a forward input, the seed, a saved forward output or the output of an
 EARLIER kernel; every wrt input has its gradient kernel, of the input's dtype and shape.
@@ -26,6 +29,8 @@ MANIFEST = "grad.json"
 _FIELDS = ("of", "seed", "wrt", "grads", "saved", "kernels")
 _OPTIONAL_FIELDS = ("grad",)  # GRAD's record (its numeric validation): for the reader, not the runtime
 _KERNEL_FIELDS = ("name", "dir", "inputs", "output", "dtype", "shape")
+_KERNEL_OPTIONAL = ("also",)
+_ALSO_FIELDS = ("name", "dtype", "shape")
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,12 @@ class GradKernel:
     output: str
     dtype: str
     shape: tuple[str, ...]  # size names (or affine expressions in them, as the kernel prints its dims)
+    also: tuple[tuple[str, str, tuple[str, ...]], ...] = ()  # further outputs: (name, dtype, shape)
+
+    @property
+    def outputs(self) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
+        """(name, dtype, shape) of every tensor the kernel writes, its output first."""
+        return ((self.output, self.dtype, self.shape),) + self.also
 
 
 @dataclass(frozen=True)
@@ -118,20 +129,33 @@ def _parse(path: Path, raw: Any) -> GradManifest:
     kernels = []
     for i, k in enumerate(raw["kernels"]):
         where = f"kernels[{i}]"
-        _fields(path, where, k, _KERNEL_FIELDS)
+        _fields(path, where, k, _KERNEL_FIELDS, _KERNEL_OPTIONAL)
         name = _name(path, f"{where}.name", k["name"])
         where = f"kernel {name}"
         if not isinstance(k["dir"], str) or not k["dir"]:
             raise _fail(path, f"{where}.dir", f"expected a directory relative to {path.parent}, got {k['dir']!r}")
-        if k["dtype"] not in DTYPES:
-            raise _fail(path, f"{where}.dtype", f"{k['dtype']!r} is not a dtype ({', '.join(DTYPES)})")
-        shape = k["shape"]
-        if not isinstance(shape, list) or not all(isinstance(d, str) and d for d in shape):
-            raise _fail(path, f"{where}.shape", f"expected a list of size names, got {shape!r}")
+        also = []
+        for j, a in enumerate(k.get("also", [])):
+            _fields(path, f"{where}.also[{j}]", a, _ALSO_FIELDS)
+            also.append((_name(path, f"{where}.also[{j}].name", a["name"]),
+                         _dtype(path, f"{where}.also[{j}].dtype", a["dtype"]), _shape(path, f"{where}.also[{j}].shape", a["shape"])))
         kernels.append(GradKernel(name, k["dir"], _names(path, f"{where}.inputs", k["inputs"]),
-                                  _name(path, f"{where}.output", k["output"]), k["dtype"], tuple(shape)))
+                                  _name(path, f"{where}.output", k["output"]), _dtype(path, f"{where}.dtype", k["dtype"]),
+                                  _shape(path, f"{where}.shape", k["shape"]), tuple(also)))
     return GradManifest(_name(path, "of", raw["of"]), _name(path, "seed", raw["seed"]), wrt, grads,
                         _names(path, "saved", raw["saved"]), tuple(kernels))
+
+
+def _dtype(path: Path, where: str, x: Any) -> str:
+    if x not in DTYPES:
+        raise _fail(path, where, f"{x!r} is not a dtype ({', '.join(DTYPES)})")
+    return x
+
+
+def _shape(path: Path, where: str, shape: Any) -> tuple[str, ...]:
+    if not isinstance(shape, list) or not all(isinstance(d, str) and d for d in shape):
+        raise _fail(path, where, f"expected a list of size names, got {shape!r}")
+    return tuple(shape)
 
 
 def _check_flow(path: Path, m: GradManifest, forward: Kernel) -> None:
@@ -151,12 +175,15 @@ def _check_flow(path: Path, m: GradManifest, forward: Kernel) -> None:
             raise _fail(path, "saved", f"{s} is not an output of the forward build ({', '.join(fwd_outputs)})")
     produced: dict[str, int] = {}
     names = [k.name for k in m.kernels]
+    written: dict[str, tuple[str, tuple[str, ...]]] = {}  # every kernel output: (dtype, shape)
     for i, k in enumerate(m.kernels):
         if k.name in names[:i]:
             raise _fail(path, f"kernel {k.name}", "a second kernel of that name")
-        if k.output in (*fwd_inputs, *fwd_outputs, m.seed) or k.output in produced:
-            raise _fail(path, f"kernel {k.name}.output", f"{k.output} is already a tensor of the build")
-        produced[k.output] = i
+        for out, dtype, shape in k.outputs:
+            if out in (*fwd_inputs, *fwd_outputs, m.seed) or out in produced:
+                raise _fail(path, f"kernel {k.name}.output", f"{out} is already a tensor of the build")
+            produced[out] = i
+            written[out] = (dtype, shape)
     for i, k in enumerate(m.kernels):
         for x in k.inputs:
             if x in fwd_inputs or x == m.seed or x in m.saved:
@@ -178,8 +205,9 @@ def _check_flow(path: Path, m: GradManifest, forward: Kernel) -> None:
             raise _fail(path, f"grads.{x}", f"no kernel produces {g}")
         k = m.kernels[produced[g]]
         want = forward.tensor(x)
-        if k.dtype != want.dtype or k.shape != _dims(want):
-            raise _fail(path, f"kernel {k.name}", f"{g} is {k.dtype} [{', '.join(k.shape)}] but {x} is "
+        dtype, shape = written[g]
+        if dtype != want.dtype or shape != _dims(want):
+            raise _fail(path, f"kernel {k.name}", f"{g} is {dtype} [{', '.join(shape)}] but {x} is "
                         f"{want.dtype} [{', '.join(_dims(want))}]: a gradient has its input's dtype and shape")
 
 
@@ -193,18 +221,21 @@ def check_kernel(path: Path, m: GradManifest, entry: GradKernel, kernel: Kernel,
     ins = tuple(t.name for t in kernel.inputs)
     if set(ins) != set(entry.inputs):
         raise _fail(path, where, f"the kernel's inputs are {', '.join(ins)}, the manifest lists {', '.join(entry.inputs)}")
-    out = kernel.output
-    if out.name != entry.output:
-        raise _fail(path, where, f"the kernel's output is {out.name}, the manifest says {entry.output}")
-    if out.dtype != entry.dtype or _dims(out) != entry.shape:
-        raise _fail(path, where, f"the kernel's output {out.name} is {out.dtype} [{', '.join(_dims(out))}], the "
-                    f"manifest says {entry.dtype} [{', '.join(entry.shape)}]")
+    outs = kernel.outputs
+    if tuple(o.name for o in outs) != tuple(n for n, _, _ in entry.outputs):
+        raise _fail(path, where, f"the kernel's outputs are {', '.join(o.name for o in outs)}, the manifest says "
+                    f"{', '.join(n for n, _, _ in entry.outputs)}")
+    for out, (_, dtype, shape) in zip(outs, entry.outputs):
+        if out.dtype != dtype or _dims(out) != shape:
+            raise _fail(path, where, f"the kernel's output {out.name} is {out.dtype} [{', '.join(_dims(out))}], the "
+                        f"manifest says {dtype} [{', '.join(shape)}]")
     sources = {t.name: (t.dtype, _dims(t)) for t in forward.inputs}
     for t in forward.outputs:  # the output and the further ones (LSE)
         sources[t.name] = (t.dtype, _dims(t))
     sources[m.seed] = sources[m.of]
     for k in m.kernels:
-        sources[k.output] = (k.dtype, k.shape)
+        for out, dtype, shape in k.outputs:
+            sources[out] = (dtype, shape)
     for t in kernel.inputs:
         want = sources[t.name]
         if (t.dtype, _dims(t)) != want:

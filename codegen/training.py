@@ -126,8 +126,10 @@ class Training:
         env[m.seed] = seed
         for entry, build, run, by_name in zip(m.kernels, self.backward_builds, self._backward, self._by_name):
             args = [env[n] for n in build.inputs]
-            out = _allocate(seed, entry, build, geo.sizes) if self.device == "cuda" else None
-            env[entry.output] = run(*args, out=out, **{n: geo.sizes[n] for n in by_name})
+            # a kernel with further outputs (dK beside dV) allocates them all itself
+            out = _allocate(seed, entry, build, geo.sizes) if self.device == "cuda" and not entry.also else None
+            res = run(*args, out=out, **{n: geo.sizes[n] for n in by_name})
+            env.update(zip((n for n, _, _ in entry.outputs), res if entry.also else (res,)))
         return {x: env[g] for x, g in m.grads}
 
     # -- torch ----------------------------------------------------------------------------

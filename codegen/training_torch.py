@@ -49,7 +49,8 @@ def register_training_op(t: "Training") -> Callable[..., Any]:
         env.update(zip(m.saved, saved[n_inputs:]))
         env[m.seed] = grad.contiguous()
         for entry, build, op in zip(m.kernels, t.backward_builds, backward_ops):
-            env[entry.output] = op(*(env[n] for n in build.inputs))
+            res = op(*(env[n] for n in build.inputs))
+            env.update(zip((n for n, _, _ in entry.outputs), res if entry.also else (res,)))
         grads = dict(m.grads)
         return tuple(env[grads[x]] if x in grads else None for x in t.inputs)
 

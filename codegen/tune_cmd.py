@@ -6,6 +6,9 @@ output dtype's tolerance (the variants are proved equal: a difference is a misco
 tuning stops), then it is timed (median of `triton.testing.do_bench`).  The fastest per shape
 bucket (compiler.tuning_table) goes into DIR/tuning.json with every measurement, and the build's
 marker is written again over it, so `derivc verify` and `derivc.load` see the table.
+A chain of kernels (OUT/kernels.json: split-KV, split-K) is tuned the same way: each variant is a
+chain, run and timed whole (its time is the sum of its kernels' and the intermediates'
+allocation), bucketed by the spec's dynamic sizes.
 """
 from __future__ import annotations
 
@@ -17,7 +20,8 @@ from typing import Any
 
 from compiler.errors import EXIT_DERIVATION_FAILED, EXIT_INVALID_INPUT, EXIT_OK
 from compiler.outdir import BUILD_MARKER, foreign_files, write_marker
-from compiler.tuning_table import TUNING_FILE, bucket
+from compiler.kernel_chain import MANIFEST as CHAIN_MANIFEST
+from compiler.tuning_table import TUNING_FILE, bucket, chain_dynamic
 from compiler.variant_build import built_dirs
 
 from .run_cmd import TOLERANCE, parse_sizes, random_inputs_torch
@@ -48,12 +52,21 @@ def tune(out_dir: Path, shapes: list[dict[str, int]], seed: int = 0) -> dict[str
     from .cuda.runtime import CompiledKernel
 
     dirs = built_dirs(out_dir)
-    loaded = {name: load_build(d) for name, d in dirs.items()}
     default = next(iter(dirs))
-    kernels = {name: CompiledKernel(b.printed, b.cubins) for name, b in loaded.items()}
-    program = lower_spec(spec_of_trace(loaded[default].trace))
-    dynamic = loaded[default].printed.kernel.dynamic()
-    order = loaded[default].inputs
+    if (out_dir / CHAIN_MANIFEST).exists():  # every variant a chain: run whole, bucketed by the spec
+        from .chain import KernelChain
+
+        chains = {name: KernelChain(d) for name, d in dirs.items()}
+        program = lower_spec(spec_of_trace(chains[default].kernels[0].build.trace))
+        kernels: dict[str, Any] = dict(chains)
+        dynamic = chain_dynamic(program)
+        order = chains[default].inputs
+    else:
+        loaded = {name: load_build(d) for name, d in dirs.items()}
+        kernels = {name: CompiledKernel(b.printed, b.cubins) for name, b in loaded.items()}
+        program = lower_spec(spec_of_trace(loaded[default].trace))
+        dynamic = loaded[default].printed.kernel.dynamic()
+        order = loaded[default].inputs
     tol = TOLERANCE[program.tensor_type(program.output).dtype]
     buckets: dict[str, Any] = {}
     for sizes in shapes:
@@ -94,8 +107,6 @@ def main(args: argparse.Namespace) -> int:
         return _error(f"{out_dir}: not a derivc build directory (no readable {BUILD_MARKER})")
     if foreign:
         return _error(f"{out_dir}: holds {foreign[0]}, which derivc did not write: nothing tuned")
-    if (out_dir / "kernels.json").exists():
-        return _error(f"{out_dir}: a chain of kernels (kernels.json): tuning a chain is not implemented")
     if len(built_dirs(out_dir)) < 2:
         return _error(f"{out_dir}: one schedule only (no variants: in the spec, or every other variant refused): "
                       "nothing to tune")

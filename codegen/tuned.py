@@ -57,3 +57,47 @@ class TunedKernel:
         if k is None:
             k = self._by_shape[key] = self._kernels[self.variant_at(*key)]
         return k(*inputs, out=out, **sizes)
+
+
+class TunedChain:
+    """A tuned chain of kernels (OUT/kernels.json and OUT/tuning.json): one KernelChain per variant
+    the table names, picked per shape by the spec's dynamic sizes (read off the inputs' shapes
+    against the spec's input dimensions, or passed by name)."""
+
+    def __init__(self, out_dir: Path, device: str = "cuda"):
+        from compiler.lower_spec import lower_spec
+        from compiler.trace import spec_of_trace
+        from compiler.tuning_table import chain_dynamic
+
+        from .chain import KernelChain
+
+        default = KernelChain(out_dir, device=device)
+        program = lower_spec(spec_of_trace(default.kernels[0].build.trace))
+        self._dims = [tuple(t.dims) for _, t in program.inputs]
+        self._dispatch = Dispatch(Path(out_dir), chain_dynamic(program))
+        self._chains = {self._dispatch.default: default}
+        for name in set(self._dispatch.choice.values()) - {self._dispatch.default}:
+            self._chains[name] = KernelChain(self._dispatch.dirs[name], device=device)
+        self._by_shape: dict[tuple, Any] = {}
+        self.inputs, self.output, self.out_dir = default.inputs, default.output, default.out_dir
+
+    def variant_at(self, shapes: tuple[tuple[int, ...], ...], given: tuple[tuple[str, int], ...] = ()) -> str:
+        sizes = dict(given)
+        for dims, shape in zip(self._dims, shapes):
+            for a, n in zip(dims, shape):
+                if len(a.terms) == 1 and a.terms[0][1] == 1 and not a.const:
+                    sizes.setdefault(a.terms[0][0], int(n))
+        missing = [n for n in self._dispatch.dynamic if n not in sizes]
+        if missing:
+            raise ValueError(f"size {missing[0]} is given by no input's shape: pass it by name")
+        return self._dispatch.variant(sizes)
+
+    def __call__(self, *inputs: Any, out: Any = None, **sizes: int) -> Any:
+        key = (tuple(tuple(x.shape) for x in inputs), tuple(sorted(sizes.items())))
+        k = self._by_shape.get(key)
+        if k is None:
+            k = self._by_shape[key] = self._chains[self.variant_at(*key)]
+        return k(*inputs, out=out, **sizes)
+
+    def __repr__(self) -> str:
+        return f"derivc.TunedChain({len(self._chains)} variants, from {self.out_dir})"

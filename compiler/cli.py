@@ -15,7 +15,9 @@ Every error is ONE line on stderr: `derivc: error: <file>: <where>: <reason>`.
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import os
 import shutil
 import sys
 import traceback
@@ -29,7 +31,8 @@ from . import __version__, proofcheck
 from .console import Out
 from .proofcheck import ProofCheck
 from .outdir import (
-    BUILD_MARKER, OutputRefused, Terminated, atomic_dir, check_replaceable, terminate_raises, write_marker,
+    BUILD_MARKER, OutputRefused, Terminated, atomic_dir, check_replaceable, dir_identity, interrupts_raise,
+    outcome_line, signals_held, write_marker,
 )
 from .errors import (
     EXIT_DERIVATION_FAILED,
@@ -42,6 +45,7 @@ from .errors import (
 
 EXIT_INTERNAL = 1
 EXIT_UNAVAILABLE = 1
+EXIT_BROKEN_PIPE = 141  # what a shell reports for a writer that SIGPIPE ended (`derivc explain F | head`)
 
 class UsageError(Exception):
     """Bad command-line use (exit 2)."""
@@ -132,7 +136,8 @@ def write_outputs(derivation: Any, outdir: Path, *, codegen: bool = True, proofs
     elif not policy.check or proofcheck.coqc_path() is None:
         check = proofcheck.not_checked(proofcheck.NO_COQC)
     else:
-        pending = proofcheck.start_check(outdir / "proofs", use_cache=policy.use_cache)
+        with signals_held():  # its threads block SIGINT / SIGTERM for good: see codegen.cuda.nvrtc
+            pending = proofcheck.start_check(outdir / "proofs", use_cache=policy.use_cache)
     try:
         _write_program_and_kernel(d, outdir, codegen)
     except BaseException:
@@ -178,13 +183,23 @@ def _write_program_and_kernel(d: Any, outdir: Path, codegen: bool) -> None:
     (outdir / "program.txt").write_text(show_program(d.final))
     if build is not None:
         try:
-            build.emit(d, outdir, kernel, printed)
+            d.checks_skipped = _checks_skipped(build.emit(d, outdir, kernel, printed))
         except (SpecError, DerivationError):
             raise
         except Exception as exc:  # kernel sources and compiler logs help to see why
             keep = sorted((p.name for p in outdir.iterdir() if p.suffix in (".cu", ".log")),
                           key=lambda n: (not n.endswith(".cu"), n))
             raise BuildError(f"{d.file}: codegen: {_one_line(exc)}", keep) from exc
+
+
+def _checks_skipped(emitted: dict[str, Any] | None) -> str | None:
+    """The console line for a kernel NVRTC did not compile or whose SASS was not checked."""
+    variants = [r for r in (emitted or {}).values() if isinstance(r, dict) and "compiled" in r]
+    if any(not r["compiled"] for r in variants):
+        return ("kernel NOT compiled: NVRTC not found (pip install nvidia-cuda-nvrtc-cu12, or set "
+                "DERIVC_NVRTC_LIB); the NVRTC and SASS checks were skipped")
+    skipped = [r["sass_skipped"] for r in variants if r.get("sass_skipped")]
+    return f"SASS checks skipped: {skipped[0]}" if skipped else None
 
 
 def _one_line(exc: BaseException) -> str:
@@ -330,6 +345,9 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
         ran = f"NOT run on the CPU: {n['skipped']}" if n.get("skipped") else \
             f"run on the CPU, worst relative error {max(r['rel_error'] for r in n['draws']):.1e}"
         out.line(f"kernel {k.final.output} (kernels/{k.final.output}/): {ran}")
+    built = [d, *getattr(d, "chain_kernels", ()), *(getattr(d, "backward", None) and d.backward.kernels or ())]
+    for note in dict.fromkeys(n for n in (getattr(k, "checks_skipped", None) for k in built) if n):
+        out.line(note, style="yellow")
     check: ProofCheck = d.proof_check
     out.line(check.line(), style="green" if check.checked else "yellow")
     backward = getattr(d, "backward", None)
@@ -508,31 +526,58 @@ def make_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = make_parser()
+def main(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
+    """Run one command; returns the exit code.  `exiting`: the process ends right after (the
+    console script): a signal that comes once the exit code is decided no longer changes it."""
+    with interrupts_raise(exiting=exiting):
+        args: argparse.Namespace | None = None
+        output: tuple[Path, tuple[int, int] | None] | None = None  # -o DIR and its identity before
+        try:
+            parser = make_parser()
+            try:
+                args, extras = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
+            except SystemExit as exc:  # --help, --version, usage errors
+                return int(exc.code or 0) if not isinstance(exc.code, str) else EXIT_INVALID_INPUT
+            if getattr(args, "output", None):
+                where = Path(args.output).absolute()
+                output = (where, dir_identity(where))
+            with signals_held():  # numpy's BLAS threads start blocking SIGINT / SIGTERM: see codegen.cuda.nvrtc
+                import numpy  # noqa: F401
+            return _run(args, extras)
+        except (KeyboardInterrupt, Terminated) as exc:  # later signals are ignored from here on
+            what = "interrupted (SIGINT)" if isinstance(exc, KeyboardInterrupt) else "terminated (SIGTERM)"
+            done = outcome_line(*output) if output else "before it started, nothing written" if args is None else ""
+            error_line(f"{what}: {done}" if done else what)
+            return 130 if isinstance(exc, KeyboardInterrupt) else exc.exit_code
+        except BrokenPipeError:  # the reader went away (`| head`): quiet, like any filter
+            _stdout_to_devnull()
+            return EXIT_BROKEN_PIPE
+
+
+def _stdout_to_devnull() -> None:
+    """Whatever is still buffered for stdout goes nowhere (no second BrokenPipeError at exit)."""
     try:
-        args, extras = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
-    except SystemExit as exc:  # --help, --version, usage errors
-        return int(exc.code or 0) if not isinstance(exc.code, str) else EXIT_INVALID_INPUT
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, io.UnsupportedOperation):  # not a real file (tests)
+        pass
+
+
+def _run(args: argparse.Namespace, extras: list[str]) -> int:
     if extras and not args.extras_ok:
         error_line(f"derivc {args.command}: unrecognized arguments: {' '.join(extras)}")
         return EXIT_INVALID_INPUT
     args.extra = extras
     out = Out(plain=args.plain)
     try:
-        with terminate_raises():
-            return args.func(args, out)
+        return args.func(args, out)
     except (SpecError, DerivationError, UsageError, BuildError, OutputRefused) as exc:
         if args.debug:
             traceback.print_exc()
         error_line(exc.message() if hasattr(exc, "message") else str(exc))
         return exc.exit_code
-    except KeyboardInterrupt:
-        error_line("interrupted")
-        return 130
-    except Terminated as exc:
-        error_line(str(exc))
-        return exc.exit_code
+    except BrokenPipeError:
+        raise
     except Exception as exc:  # noqa: BLE001 - a bug: one line, unless --debug
         if args.debug:
             traceback.print_exc()
@@ -543,7 +588,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def entry() -> None:
-    sys.exit(main())
+    sys.exit(main(exiting=True))
 
 
 if __name__ == "__main__":

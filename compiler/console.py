@@ -10,6 +10,11 @@ try:  # rich is a dependency, but keep a plain fallback for a bare checkout
     from rich.text import Text
 
     HAVE_RICH = True
+
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:  # rich would exit 1; compiler.cli.main ends quietly (141)
+            self.quiet = True
+            raise BrokenPipeError
 except ImportError:  # pragma: no cover - exercised only without rich
     HAVE_RICH = False
 
@@ -19,7 +24,7 @@ class Out:
 
     def __init__(self, plain: bool = False):
         self.rich = HAVE_RICH and not plain
-        self.console = Console(highlight=False, soft_wrap=False) if self.rich else None
+        self.console = _Console(highlight=False, soft_wrap=False) if self.rich else None
 
     def line(self, text: str = "", style: str | None = None) -> None:
         if self.console is not None:

@@ -56,8 +56,11 @@ class GradDerivation:
                 if d.computed_by == FORWARD and d.name in reads and d.name not in saved:
                     saved.append(d.name)
             out = prog.tensor_type(prog.output)
-            kernels.append({"name": prog.output, "dir": f"grad/{prog.output}", "inputs": reads,
-                            "output": prog.output, "dtype": out.dtype, "shape": [str(a) for a in out.dims]})
+            entry = {"name": prog.output, "dir": f"grad/{prog.output}", "inputs": reads,
+                     "output": prog.output, "dtype": out.dtype, "shape": [str(a) for a in out.dims]}
+            also = [{"name": n, "dtype": prog.tensor_type(n).dtype, "shape": [str(a) for a in prog.tensor_type(n).dims]}
+                    for n in prog.also_outputs()]
+            kernels.append({**entry, "also": also} if also else entry)
         return {"of": self.gradient.of, "seed": self.gradient.seed, "wrt": [x for x, _ in self.gradient.grads],
                 "grads": dict(self.gradient.grads), "saved": saved, "kernels": kernels,
                 "grad": json_safe(self.record)}
@@ -78,21 +81,26 @@ def gradient_program(spec: SpecFile, file: str = "") -> tuple[Program, Gradient]
         raise exc.at(0, file) from None
 
 
-def cut_kernel(prog: Program, output: str, available: dict[str, str], file: str = "", where: str = "") -> Program:
-    """G read at `output`: the definitions it needs, those in `available` marked as read from
-    the step that writes them."""
+def cut_kernel(prog: Program, output: str, available: dict[str, str], file: str = "", where: str = "",
+               also: tuple[str, ...] = ()) -> Program:
+    """G read at `output` (and the further outputs `also`): the definitions they need, those in
+    `available` marked as read from the step that writes them."""
     names = [d.name for d in prog.defs]
-    if output not in names:
-        raise SpecError(where, f"{output!r} is not a tensor of the gradient program{did_you_mean(output, names)} "
-                               f"(defined: {', '.join(names)})", file)
-    if output in available:
-        raise SpecError(where, f"{output} is already written by the {available[output]}", file)
-    needed = needed_defs(list(prog.defs), {output})
+    for out in (output, *also):
+        if out not in names:
+            raise SpecError(where, f"{out!r} is not a tensor of the gradient program{did_you_mean(out, names)} "
+                                   f"(defined: {', '.join(names)})", file)
+        if out in available:
+            raise SpecError(where, f"{out} is already written by the {available[out]}", file)
+    if len(set((output, *also))) != 1 + len(also):
+        raise SpecError(where, f"the kernel names one output twice ({output}, also {', '.join(also)})", file)
+    needed = needed_defs(list(prog.defs), {output, *also})
     defs = tuple(replace(d, computed_by=available.get(d.name, "")) for d in needed)
     reads = set().union(*(tensors_read(d.body) for d in needed))
     inputs = tuple((n, t) for n, t in prog.inputs if n in reads)  # what the cut reads, nothing more
     sizes = sizes_used(prog, inputs, defs)  # what the cut's meaning uses (dC0 = dC needs no K)
-    return replace(prog, sizes=sizes, inputs=inputs, defs=defs, output=output, facts=())
+    facts = (("also_outputs", ",".join(also)),) if also else ()
+    return replace(prog, sizes=sizes, inputs=inputs, defs=defs, output=output, facts=facts)
 
 
 def derive_gradient(spec: SpecFile, file: str = "", *, seed: int | None = None, check: bool = True) -> GradDerivation:
@@ -147,8 +155,9 @@ def kernel_cuts(prog: Program, gradient: Gradient, decl: GradDecl, available: di
     for k, kd in enumerate(decl.kernels):
         if kd.dtype is not None:
             prog = _stored_in(prog, kd, grads, file, f"grad.kernels[{k}].dtype")
-        yield kd, cut_kernel(prog, kd.output, available, file, f"grad.kernels[{k}].output")
-        available[kd.output] = f"kernel {kd.output}"
+        yield kd, cut_kernel(prog, kd.output, available, file, f"grad.kernels[{k}].output", tuple(kd.also))
+        for out in (kd.output, *kd.also):
+            available[out] = f"kernel {kd.output}"
 
 
 def _stored_in(prog: Program, kd: GradKernelDecl, grads: dict[str, str], file: str, where: str) -> Program:

@@ -29,6 +29,8 @@ Rule by rule (what is stated):
   MAP-MMA           the sum = its mma16 grouping (the meaning of the mma fact)  mma_tile
   SPLIT-KV          the combine = acc / l of the merged partial states  online_merge_global
                     (compiler/obligations_split.py)
+  SPLIT-K           the sum = Σ over splits of the partial sums (inlined)  sumTo_split_k_strided
+                    (compiler/obligations_split.py)
   RECOMPUTE / SOFTMAX-ROWTERM (the backward): compiler/obligations_bwd.py
 """
 from __future__ import annotations
@@ -44,8 +46,8 @@ from .obligations_base import (
     _lam_of, _ob, _thm_name, coq_text, lean_text,
 )
 from .obligations_bwd import ob_recompute, ob_rowterm
-from .obligations_split import ob_split_kv
-from .obligations_fold import ob_fold_stat, ob_map_mma, ob_mask, ob_online_agg
+from .obligations_split import ob_split_k, ob_split_kv
+from .obligations_fold import ob_fold_stat, ob_fuse_sums, ob_map_mma, ob_mask, ob_online_agg
 from .obligations_site import _finish, _site
 from .obligations_frame import others_thm, store_frame
 from .obligations_safety import safety_index, safety_obligation
@@ -360,7 +362,9 @@ GENERATORS = {
     "TILE": ob_tile, "REORDER": ob_reorder, "SPLIT": ob_split, "CACHE": ob_cache,
     "PARALLEL": ob_parallel, "ASSOC": ob_assoc, "SPLIT-SOFTMAX": ob_split_softmax,
     "ONLINE-AGG": ob_online_agg, "MASK": ob_mask, "MAP-MMA": ob_map_mma, "FOLD-STAT": ob_fold_stat,
+    "FUSE-SUMS": ob_fuse_sums,
     "SPLIT-KV": lambda rec, b, a: ob_split_kv(rec, b, a, _finish),
+    "SPLIT-K": lambda rec, b, a: ob_split_k(rec, b, a, _site, _finish),
 }
 
 
@@ -388,6 +392,8 @@ def obligation_for(rec, before: Program, after: Program) -> Obligation:
     changed = {getattr(rec.parsed, "def_", None)} | set(rec.raw_facts.get("into", ()))
     if rec.kind == "FUSE" and rec.rule == "unfuse":
         changed.add(rec.parsed.name)
+    if rec.kind == "FUSE-SUMS":  # the second sum is now the definition's further output
+        changed.add(rec.parsed.with_)
     others, skipped = others_thm(rec, before, after, changed)
     if others is not None:
         ob.thms.append(others)

@@ -1,6 +1,7 @@
 """Obligations of the fold steps: ONLINE-AGG (the quotient of tiled sums = the IR's fold), MASK
 (skipped iterations leave the state unchanged), MAP-MMA (the sum = its mma16 grouping) and
-FOLD-STAT (the fold's second output leaves O unchanged).  See compiler/obligations.py."""
+FOLD-STAT (the fold's second output leaves O unchanged) and FUSE-SUMS (two sums as one fold of two
+accumulators).  See compiler/obligations.py."""
 from __future__ import annotations
 
 from .ir import Bin, Fold, Program, Reduce, Select, Un
@@ -10,7 +11,7 @@ from .obligations_base import (
 )
 from .obligations_frame import _FRAME_PROOF, _def_frame, store_frame
 from .obligations_site import _finish, _site
-from .obligations_terms import ExportError, Lam, N, V
+from .obligations_terms import A, ExportError, Lam, N, V
 from .printer import show_def
 
 
@@ -164,3 +165,40 @@ def ob_fold_stat(rec, before: Program, after: Program) -> Obligation:
     ob.thms.append(Thm(_thm_name(rec), _binders(ex), [], stmt, _FRAME_PROOF, LEAN_PROPS))
     ob.before, ob.after = show_def(bd), show_def(ad)
     return _finish(ob, ex)
+
+
+def ob_fuse_sums(rec, before: Program, after: Program) -> Obligation:
+    """FUSE-SUMS: the definition's value, sum(t < E: f), equals the first component of the fold
+    of the two accumulators (theorem fold_pair_sum through fold_pair_sum_fst: the exported step
+    is the pair update by conversion); the further output's value, the renamed second sum,
+    equals its second component (fold_pair_sum_snd).  That the renamed sum is the removed
+    definition's body under a renaming of its loop indices is the rule's construction."""
+    p, f = rec.parsed, rec.raw_facts
+    bd, ad = _def_pair(before, after, p.def_)
+    ex = _exporter(before, after)
+    hyps = _def_hyps(ex, ad)
+    b = ex.expr(bd.body, {})
+    a = ex.expr(ad.body, {})
+    g = ex.expr(f["with_body"], {})
+    ob = _ob(rec, "fold_pair_sum", status="partial", checked=(
+        f"{p.def_} = sum over {f['index']} equals the first component of the fold carrying both sums from (0, 0); "
+        f"{p.with_}'s sum, its loop indices renamed to {p.def_}'s, equals the second component (the further output)"),
+        unchecked=f"that the renamed sum is {p.with_}'s own body under that renaming (the rule's construction)")
+    F, G = _lam_of(b), _lam_of(g)
+    for k, (lhs, comp) in enumerate(((b, "fst"), (g, "snd"))):
+        lemma = f"fold_pair_sum_{comp}"
+        proof = (f"intros.\n  cbv zeta.\n  symmetry.\n  apply ({lemma} _ ({_c(F)}) ({_c(G)})).\n"
+                 "  intros; reflexivity.")
+        lean = f"by\n  intros\n  exact ({lemma} _ ({_l(F)}) ({_l(G)}) _ (fun _ _ => rfl)).symm"
+        rhs = a if comp == "fst" else _snd_of_fold(a)
+        ob.thms.append(_eq_thm(_thm_name(rec, "" if k == 0 else "_with"), ex, lhs, rhs, hyps, proof, lean))
+    ob.thms.append(store_frame(rec, before, after, p.def_))
+    ob.before, ob.after = show_def(bd), show_def(ad)
+    return _finish(ob, ex)
+
+
+def _snd_of_fold(t):
+    """The exported fold `let fs := foldN .. in <lets> in result` with its result replaced by the
+    second state component (snd fs): the further output's value."""
+    assert t[0] == "let", t
+    return ("let", t[1], t[2], A("snd", V(t[1])))

@@ -1,4 +1,14 @@
-"""SPLIT-KV's per-step obligation (compiler/rules/split_kv.py).
+"""SPLIT-KV's and SPLIT-K's per-step obligations (compiler/rules/split_kv.py, split_k.py).
+
+SPLIT-K: what is stated and proved by coqc: the definition's sum as it was (over ceil(N / t)
+tiles) equals the combine as written — the sum over the S splits of the partial tensor, the
+partial tensor read as the tensor its new definition generates (genAt: its body inlined, each
+split's sum over the tiles S·o + ks, o < ceil((N − t·ks) / (t·S))) — by theorem
+sumTo_split_k_strided (sumTo_strided for an untiled sum).  A combine that drops a split, a
+split's bound off by one or a wrong tile index fails coqc; the epilogue around the sum, the loop
+nest, guard and store are the frame (unchanged), every other definition too.
+
+SPLIT-KV:
 
 What is stated and proved by coqc: the combine the step wrote — the definition's new body,
 exported from the IR with the partial tensors (acc, m, l) quantified as arbitrary functions —
@@ -16,8 +26,10 @@ splits).
 """
 from __future__ import annotations
 
-from .ir import Program
-from .obligations_base import Obligation, Thm, _binders, _def_hyps, _exporter, _ob, _thm_name
+from .ir import Program, Reduce
+from .obligations_base import (
+    Obligation, Thm, _binders, _c, _def_hyps, _eq_thm, _exporter, _l, _lam_of, _ob, _thm_name,
+)
 from .obligations_frame import store_frame
 from .obligations_terms import A, ExportError, Lam, N, V
 from .obligations_types import EXT, FIN
@@ -62,4 +74,31 @@ def ob_split_kv(rec, before: Program, after: Program, finish) -> Obligation:
     ob.thms.append(Thm(_thm_name(rec), _binders(ex), hyps, ("eq", combine, quotient), proof, lean))
     ob.thms.append(store_frame(rec, before, after, p.def_))
     ob.before, ob.after = show_def(d_before), show_def(d_after)
+    return finish(ob, ex)
+
+
+def ob_split_k(rec, before: Program, after: Program, site_of, finish) -> Obligation:
+    p, f = rec.parsed, rec.raw_facts
+    site: Reduce = f["site"]
+    part = after.def_named(f["partial"])
+    ex, b, a, hyps = site_of(rec, before, after, p.def_, site, {part.name: part})
+    num, div = site.ext.single()
+    S = int(f["splits"])
+    n = _c(ex.aff(num, {}))
+    if div == 1:  # an untiled sum over [0, n): split ks adds the indices S·o + ks
+        thm, args = "sumTo_strided", (str(S), f"({n})")
+        args_l = args
+    else:
+        thm, args = "sumTo_split_k_strided", (f"({n})", str(div), str(S), str(div * S))
+        args_l = (f"({_l(ex.aff(num, {}))})", str(div), str(S), str(div * S))
+    inst = f"{thm} {' '.join(args)} ({_c(_lam_of(b))})"
+    proof = f"intros.\n  etransitivity.\n  {{ apply ({inst}); lia. }}\n  derivc_congr."
+    lean = (f"by\n  intros\n  refine Eq.trans ({thm} {' '.join(args_l)} ({_l(_lam_of(b))}) "
+            f"{'(by omega) (by omega) ' * (div != 1)}(by omega)) ?_\n  derivc_congr")
+    ob = _ob(rec, thm, checked=(
+        f"{p.def_}'s sum over {site.ext} equals the combine's sum over the {S} splits of {part.name}, "
+        f"{part.name} inlined (split {p.split_index} adds the tiles {S}*{site.var} + {p.split_index}); "
+        "the epilogue, loop nest, guard and store are unchanged"))
+    ob.thms.append(_eq_thm(_thm_name(rec), ex, b, a, hyps, proof, lean))
+    ob.before, ob.after = _c(b), _c(a)
     return finish(ob, ex)

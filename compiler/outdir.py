@@ -2,13 +2,16 @@
 
 A build is written into a temporary directory beside DIR and swapped into place only when it
 is complete.  Every build directory carries a marker, `.derivc-build`: a small JSON listing
-each file derivc wrote there with its sha256.  An existing DIR is replaced only when it is
-empty, or when it is such a build and holds nothing but those files, unchanged (plus
-`proofs/verify.json`, which `derivc verify` writes); anything else is refused (exit 2).
+each file derivc wrote there with its sha256, and each folder it made.  An existing DIR is
+replaced only when it is empty, or when it is such a build and holds nothing but those files,
+unchanged, and those folders (plus `proofs/verify.json`, which `derivc verify` writes);
+anything else, an empty folder too, is refused (exit 2).
 
 The swap is one `renameat2(RENAME_EXCHANGE)` where the kernel offers it (two renames
 otherwise), with SIGINT / SIGTERM held back while the old build is exchanged and removed.
-An interrupted or failed build removes its temporary directory and leaves DIR as it was.
+An interrupted or failed build removes its temporary directory and leaves DIR as it was;
+under `interrupts_raise` (the command line) one signal unwinds the build, later ones are
+ignored so that nothing cuts the clean-up short, and `outcome_line` says what DIR holds.
 When codegen fails, the kernel source and the compiler log are moved to `DIR.failed/` (a
 directory of its own kind, marked `.derivc-failed`, replaced under the same rules).
 """
@@ -24,7 +27,7 @@ import shutil
 import signal
 import tempfile
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 
@@ -72,21 +75,45 @@ def _walk_files(root: Path) -> Iterator[tuple[str, Path]]:
             yield (base / name).relative_to(root).as_posix(), base / name
 
 
+def _walk_dirs(root: Path) -> Iterator[str]:
+    """Posix path relative to root of every directory under it (links not followed)."""
+    for dirpath, dirnames, _ in os.walk(root, followlinks=False):
+        base = Path(dirpath)
+        for name in sorted(dirnames):
+            if not (base / name).is_symlink():
+                yield (base / name).relative_to(root).as_posix()
+
+
+def _implied_dirs(files: Iterable[str]) -> set[str]:
+    """The folders that hold these files (posix paths relative to the build)."""
+    return {p.as_posix() for rel in files for p in Path(rel).parents if p != Path(".")}
+
+
 def write_marker(directory: Path, marker: str = BUILD_MARKER) -> None:
-    """Record every file now in `directory` as written by derivc."""
+    """Record every file and folder now in `directory` as written by derivc.  Folders that hold
+    a recorded file are implied; the others (empty ones) are listed under "dirs", which a build
+    without such folders leaves out (its marker reads as before folders were recorded)."""
     files = {rel: _sha256(p) for rel, p in _walk_files(directory) if rel != marker and rel not in WRITTEN_LATER}
-    body = {"derivc": __version__, "kind": "build" if marker == BUILD_MARKER else "failed build", "files": files}
+    body: dict[str, object] = {"derivc": __version__, "kind": "build" if marker == BUILD_MARKER else "failed build",
+                               "files": files}
+    implied = _implied_dirs(files) | _implied_dirs(WRITTEN_LATER)
+    empty = [rel for rel in _walk_dirs(directory) if rel not in implied]
+    if empty:
+        body["dirs"] = empty
     (directory / marker).write_text(json.dumps(body, indent=1, sort_keys=True) + "\n")
 
 
 def foreign_files(directory: Path, marker: str = BUILD_MARKER) -> list[str] | None:
-    """Files of `directory` that derivc did not write (or that changed since), in path order;
-    None when the directory carries no readable marker."""
+    """Files of `directory` that derivc did not write (or that changed since), then folders it did
+    not make (`name/`, empty ones too); None when the directory carries no readable marker."""
     try:
-        recorded = json.loads((directory / marker).read_text())["files"]
-        if not isinstance(recorded, dict):
+        body = json.loads((directory / marker).read_text())
+        recorded = body["files"]
+        listed = body.get("dirs", [])
+        if not isinstance(recorded, dict) or not isinstance(listed, list):
             return None
-    except (OSError, ValueError, KeyError, TypeError):
+        dirs = _implied_dirs(recorded) | {str(d) for d in listed}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     out = []
     for rel, p in _walk_files(directory):
@@ -94,7 +121,8 @@ def foreign_files(directory: Path, marker: str = BUILD_MARKER) -> list[str] | No
             continue
         if p.is_symlink() or not p.is_file() or recorded.get(rel) != _sha256(p):
             out.append(rel)
-    return out
+    dirs |= _implied_dirs(rel for rel in WRITTEN_LATER if (directory / rel).is_file())
+    return out + [f"{rel}/" for rel in _walk_dirs(directory) if rel not in dirs]
 
 
 def check_replaceable(target: Path, marker: str = BUILD_MARKER) -> None:
@@ -125,35 +153,121 @@ def check_replaceable(target: Path, marker: str = BUILD_MARKER) -> None:
 # --------------------------------------------------------------------------- signals
 
 
+def _reinstall_handlers() -> None:
+    """Put Python's SIGINT / SIGTERM handlers back at the C level.  A C library may install its
+    own for a while (libnvrtc does, during its first compile) and leave them behind; Python's
+    `signal.getsignal` still reports its own then, so re-installing is the only sure check."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for s in _SIGNALS:
+        handler = signal.getsignal(s)
+        if handler is not None:  # None: installed outside Python, not ours to restore
+            signal.signal(s, handler)
+
+
+class Interrupts:
+    """SIGINT raises KeyboardInterrupt and SIGTERM raises Terminated in the main thread, once:
+    every later SIGINT / SIGTERM is ignored, so that the clean-up the first one started (every
+    `finally` on the way out) is never cut short by a second (`timeout` and process-group kills
+    send two).  A signal that comes during `signals_held` is raised when the held section ends,
+    even when another thread took it (Python runs handlers in the main thread whichever thread
+    the signal went to, so blocking it in the main thread alone does not hold it back)."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None  # the signal raised
+        self.deferred: int | None = None  # a signal that came during a held section
+        self.holding = 0  # depth of held sections in the main thread
+        self.closed = False  # the command is over: nothing raises any more
+
+    def handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.received is not None or self.closed:
+            return
+        if self.holding:
+            self.deferred = self.deferred or signum
+            return
+        self._raise(signum)
+
+    def release(self) -> None:
+        """End of the outermost held section: raise the signal that came during it."""
+        if self.deferred is not None and self.received is None and not self.closed:
+            signum, self.deferred = self.deferred, None
+            self._raise(signum)
+
+    def _raise(self, signum: int) -> None:
+        self.received = signum
+        if signum == getattr(signal, "SIGTERM", None):
+            raise Terminated(signum)
+        raise KeyboardInterrupt
+
+
+_active: Interrupts | None = None  # the one `interrupts_raise` in force (signal handlers are per process)
+
+
 @contextlib.contextmanager
 def signals_held() -> Iterator[None]:
-    """SIGINT / SIGTERM wait until the block is done (then they are delivered)."""
+    """SIGINT / SIGTERM wait until the block is done (then they are delivered, to Python's
+    handlers even if C code inside the block replaced them)."""
     if not hasattr(signal, "pthread_sigmask"):
         yield
         return
+    state = _active if threading.current_thread() is threading.main_thread() else None
     old = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+    if state is not None:
+        state.holding += 1
     try:
         yield
     finally:
+        _reinstall_handlers()
+        if state is not None:
+            state.holding -= 1
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        if state is not None and not state.holding:
+            state.release()
 
 
 @contextlib.contextmanager
-def terminate_raises() -> Iterator[None]:
-    """While active, SIGTERM raises Terminated in the main thread (SIGINT already raises
-    KeyboardInterrupt), so that an interrupted build cleans up after itself."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGTERM"):
-        yield
+def interrupts_raise(*, exiting: bool = False) -> Iterator[Interrupts]:
+    """While active, SIGINT / SIGTERM unwind the main thread once (`Interrupts`), so that an
+    interrupted build cleans up after itself.  On the way out the previous handlers come back,
+    except after an interrupt (later signals stay ignored).  `exiting`: the process ends right
+    after (the command line): SIGINT / SIGTERM are then ignored for good, so that the exit code
+    already decided stands (Python's finalization would put the default handlers back)."""
+    global _active
+    state = Interrupts()
+    if threading.current_thread() is not threading.main_thread() or not _SIGNALS:
+        yield state
         return
-
-    def raise_terminated(signum: int, frame: FrameType | None) -> None:
-        raise Terminated(signum)
-
-    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    previous = {s: signal.signal(s, state.handle) for s in _SIGNALS}
+    outer, _active = _active, state
     try:
-        yield
+        yield state
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        state.closed = True
+        _active = outer
+        if exiting:  # ignored in every thread (Python's finalization keeps SIG_IGN, not its own handlers)
+            for s in _SIGNALS:
+                signal.signal(s, signal.SIG_IGN)
+        elif state.received is None:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+
+def dir_identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of the directory at `path`, None when there is none: the swap gives DIR
+    a new inode, so comparing identities tells whether a build was put in place."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def outcome_line(path: Path, before: tuple[int, int] | None) -> str:
+    """What an interrupted build left at `path`, given its identity when the build started."""
+    now = dir_identity(path)
+    if now == before:
+        return f"{path} left as it was" if now is not None else f"{path} not created"
+    return f"{path} holds the new build (it was complete when the signal came)"
 
 
 # --------------------------------------------------------------------------- the swap
@@ -206,7 +320,8 @@ def keep_failed(outdir: Path, staged: Path, keep: Sequence[str]) -> str:
         check_replaceable(failed, FAILED_MARKER)
     except OutputRefused:
         return f"{names} not kept: {failed} exists and derivc did not write it"
-    stage = Path(tempfile.mkdtemp(prefix=f".{failed.name}.tmp-", dir=outdir.parent))
+    with signals_held():  # an interrupt between mkdtemp and the `try` would leave it behind
+        stage = Path(tempfile.mkdtemp(prefix=f".{failed.name}.tmp-", dir=outdir.parent))
     try:
         os.chmod(stage, 0o755)
         for f in files:
@@ -236,9 +351,10 @@ def atomic_dir(outdir: Path, fill: Callable[[Path], None]) -> None:
         p = p.parent
     tmp: Path | None = None
     try:
-        for q in reversed(created):
-            q.mkdir()
-        tmp = Path(tempfile.mkdtemp(prefix=f".{outdir.name}.tmp-", dir=outdir.parent))
+        with signals_held():  # an interrupt between mkdtemp and the assignment would leave it behind
+            for q in reversed(created):
+                q.mkdir()
+            tmp = Path(tempfile.mkdtemp(prefix=f".{outdir.name}.tmp-", dir=outdir.parent))
         os.chmod(tmp, 0o755)
         fill(tmp)
         write_marker(tmp)

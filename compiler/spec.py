@@ -71,10 +71,13 @@ class GradKernelDecl(BaseModel):
     """One kernel of the backward: the gradient program read at `output`, scheduled.  `dtype`
     stores the output in another dtype than the gradient program's (an f32 intermediate such as
     dX in f16, so that the later kernels read it as a tensor-core operand): a storage choice,
-    validated numerically like the forward's f16 output, not part of GRAD's meaning."""
+    validated numerically like the forward's f16 output, not part of GRAD's meaning.  `also`:
+    further tensors the same kernel writes (FUSE-SUMS' dK beside dV: one pass for both); every
+    step of the kernel's schedule checks them too, and its schedule must leave one definition."""
 
     model_config = ConfigDict(extra="forbid")
     output: str
+    also: list[str] = []
     dtype: Dtype | None = None
     schedule: list[ScheduleStep] = []
 

@@ -20,6 +20,12 @@ def bucket(sizes: dict[str, int], dynamic: tuple[str, ...]) -> str:
     return ",".join(f"{n}:{max(int(sizes[n]) - 1, 0).bit_length()}" for n in dynamic)
 
 
+def chain_dynamic(program: Any) -> tuple[str, ...]:
+    """The sizes a chain of kernels' table buckets by: the spec's dynamic sizes, in its order
+    (a one-kernel build buckets by its kernel's dynamic sizes)."""
+    return tuple(n for n, v in program.sizes if v is None)
+
+
 def read_tuning(build: Path, built: set[str]) -> dict[str, Any] | None:
     """DIR/tuning.json checked against the build's variants (ValueError naming the file and the
     problem); None when the build was never tuned."""

@@ -14,6 +14,8 @@ import Derivc.Rules.OnlineLse
 import Derivc.Rules.OnlineMerge
 import Derivc.Rules.MapMma
 import Derivc.Tactics
+import Derivc.Rules.FuseSums
 import Derivc.Rules.Recompute
 import Derivc.Rules.SoftmaxBwd
 import Derivc.Rules.SoftmaxVjp
+import Derivc.Rules.SplitK

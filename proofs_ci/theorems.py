@@ -35,9 +35,13 @@ RULE_THEOREMS: dict[str, tuple[str, ...]] = {
     # obligation; GRAD is validated numerically)
     "SOFTMAX_VJP": ("softmax_vjp_row",),
     "FOLD_STAT": ("online_lse",),
+    # two sums over the same tiles as one fold of two accumulators (dK and dV in one kernel)
+    "FUSE_SUMS": ("fold_pair_sum",),
     # split-KV (flash-decoding): partial (m, l, acc) states of consecutive key ranges merged
     "SPLIT_KV": ("online_split_kv_strided", "online_split_kv", "online_merge", "online_merge_splits",
                  "online_merge_fold", "online_merge_cover", "online_merge_global"),
+    # split-K GEMM: a sum's tiles over S splits (strided), partial sums added in split order
+    "SPLIT_K": ("sumTo_split_k_strided", "sumTo_strided", "sumTo_chunks"),
 }
 
 # where a reader finds each rule's proofs (Coq file, Lean file), relative to the repo root
@@ -59,7 +63,9 @@ RULE_FILES: dict[str, tuple[str, str]] = {
                             "lean/Derivc/Rules/SoftmaxBwd.lean"),
     "SOFTMAX_VJP": ("proofs_ci/coq/Rules/SoftmaxVjp.v", "lean/Derivc/Rules/SoftmaxVjp.lean"),
     "FOLD_STAT": ("proofs_ci/coq/Rules/OnlineLse.v", "lean/Derivc/Rules/OnlineLse.lean"),
+    "FUSE_SUMS": ("proofs_ci/coq/Rules/FuseSums.v", "lean/Derivc/Rules/FuseSums.lean"),
     "SPLIT_KV": ("proofs_ci/coq/Rules/OnlineMerge.v", "lean/Derivc/Rules/OnlineMerge.lean"),
+    "SPLIT_K": ("proofs_ci/coq/Rules/SplitK.v", "lean/Derivc/Rules/SplitK.lean"),
 }
 
 # exp_ne_zero is a derived algebra fact (Algebra.v / Algebra.lean) used by SPLIT_SOFTMAX

@@ -5,7 +5,8 @@ Each mutation edits one file of a private copy of the packages (compiler/, codeg
 and builds one example from that copy in a subprocess; the build must exit 3 with the `kernel`
 step named.  The first ten are the ones a hostile audit on 2026-12-01 slipped past every CPU
 check (issue 15); the rest cover the instructions the emulation stands for (swizzle, pipeline
-depth, mbarrier waits, ldmatrix, descriptors) and the printers (epilogue, grid decode).
+depth, mbarrier waits, ldmatrix, descriptors), the printers (epilogue, grid decode) and SPLIT-KV's
+partial fold on mma.sync (strided key tiles, the stored state).
 """
 from __future__ import annotations
 
@@ -95,6 +96,14 @@ MUTATIONS = (
              "(lane >> 2) + 8 * h;", "(lane >> 2);"),
     Mutation("wgmma_lse_forgets_log", "flash_attention_wgmma_lse.yaml", T + "online_fold_wgmma.cu.j2",
              "m_r[h] * 0.693147180559945309f + logf(l)", "m_r[h] * 0.693147180559945309f + l"),
+    # --- SPLIT-KV's partial fold on mma.sync: the strided key tile, the unnormalised acc, m's units
+    Mutation("split_kv_mma_drops_the_strided_tile", "decode_splitkv.yaml", "codegen/mappings/online_fold.py",
+             "key_tile = mask.key_tile if mask.key_tile is not None else Aff.of(mask.ktile)",
+             "key_tile = Aff.of(mask.ktile)"),
+    Mutation("split_kv_mma_stores_acc_over_l", "decode_splitkv.yaml", T + "online_fold.cu.j2",
+             "inv[h] = 1.0f;", "inv[h] = l > 0.0f ? 1.0f / l : 0.0f;"),
+    Mutation("split_kv_mma_m_in_log2_units", "decode_splitkv.yaml", T + "online_fold.cu.j2",
+             "= 0.693147180559945309f * m_r[mi][h];", "= m_r[mi][h];"),
 )
 
 

@@ -85,6 +85,36 @@ def test_file_added_to_a_previous_build_is_not_deleted(spec: Path, tmp_path: Pat
     assert snapshot(out) == before
 
 
+@pytest.mark.parametrize("folder", ["mine", "steps/mine", "mine/deeper"])
+def test_empty_folder_added_to_a_previous_build_is_not_deleted(spec: Path, tmp_path: Path, folder: str):
+    """Issue 20: folders count like files; an empty one the user made is theirs too."""
+    out = tmp_path / "out"
+    assert build(spec, out)[0] == 0
+    (out / folder).mkdir(parents=True)
+    before = snapshot(out)
+    rc, _, stderr = build(spec, out)
+    assert rc == 2 and stderr.count("\n") == 1 and f"holds {folder.split('/deeper')[0]}/" in stderr
+    assert (out / folder).is_dir() and snapshot(out) == before and leftovers(tmp_path) == []
+
+
+def test_folders_in_the_marker(tmp_path: Path):
+    """Folders holding a recorded file are implied (the marker reads as before folders were
+    recorded); an empty folder derivc made is listed, one made later is not derivc's."""
+    d = tmp_path / "d"
+    (d / "steps").mkdir(parents=True)
+    (d / "steps" / "00_spec.txt").write_text("x")
+    (d / "kernels" / "none").mkdir(parents=True)
+    outdir_mod.write_marker(d)
+    marker = json.loads((d / ".derivc-build").read_text())
+    assert marker["dirs"] == ["kernels", "kernels/none"] and outdir_mod.foreign_files(d) == []
+    (d / "kernels" / "none").rmdir()
+    (d / "kernels").rmdir()
+    outdir_mod.write_marker(d)
+    assert "dirs" not in json.loads((d / ".derivc-build").read_text())
+    (d / "steps" / "mine").mkdir()
+    assert outdir_mod.foreign_files(d) == ["steps/mine/"]
+
+
 def test_edited_file_of_a_previous_build_is_not_overwritten(spec: Path, tmp_path: Path):
     out = tmp_path / "out"
     assert build(spec, out)[0] == 0

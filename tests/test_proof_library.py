@@ -35,7 +35,8 @@ def _copy_libraries(tmp_path: Path) -> Path:
 def test_rule_table_shape():
     assert set(th.RULE_THEOREMS) == {"TILE", "REORDER", "SPLIT", "FUSE", "CACHE", "PARALLEL",
                                      "ASSOC", "SPLIT_SOFTMAX", "ONLINE_AGG", "MASK", "MAP_MMA",
-                                     "RECOMPUTE", "SOFTMAX_BWD_ROWTERM", "SOFTMAX_VJP", "FOLD_STAT", "SPLIT_KV"}
+                                     "RECOMPUTE", "SOFTMAX_BWD_ROWTERM", "SOFTMAX_VJP", "FOLD_STAT", "SPLIT_KV",
+                                     "SPLIT_K", "FUSE_SUMS"}
     assert set(th.RULE_FILES) == set(th.RULE_THEOREMS)
     for names in th.RULE_THEOREMS.values():
         assert names and all(isinstance(n, str) for n in names)

@@ -494,6 +494,8 @@ VALID_PARAMS = {
     "softmax_rowterm": {"def": "dS", "probs": "P", "output": "O"},
     "fold_stat": {"def": "O", "stat": "LSE"},
     "split_kv": {"def": "O", "index": "jo", "splits": 4},
+    "split_k": {"def": "C", "index": "k", "splits": 4},
+    "fuse_sums": {"def": "dV", "with": "dK"},
 }
 
 

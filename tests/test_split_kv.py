@@ -28,8 +28,10 @@ SPLIT_STEP = 7  # decode_splitkv.yaml: step 7 is split_kv
 
 
 def decode_text(splits: int = 8, mask: str = "", sizes: str = "") -> str:
+    """The example with `splits` splits and key tiles of 64 (the cases below count tiles of 64)."""
     text = DECODE.read_text()
-    text = text.replace("splits: 8}", f"splits: {splits}}}")
+    text = re.sub(r"splits: \d+}", f"splits: {splits}}}", text)
+    text = re.sub(r"(index: j_?, size: )\d+", r"\g<1>64", text)
     if mask:
         text = text.replace('softmax(j: S[b, h, i, j])', f'softmax(j | {mask}: S[b, h, i, j])')
     if sizes:
@@ -95,7 +97,7 @@ def test_the_example_derives_and_checks_every_step():
     part = d.final.def_named("O_part")
     assert [a.name for a in part.also] == ["O_part_m", "O_part_l"]
     grid = [(lp.var, lp.mapping.axis) for lp in part.loops if lp.mapping and lp.mapping.level == "grid"]
-    assert grid == [("b", "z"), ("h", "y"), ("ks", "x"), ("i", "x")]  # splits and query rows share grid.x
+    assert grid == [("b", "z"), ("h", "y"), ("ks", "x"), ("io", "x")]  # splits and query tiles share grid.x
 
 
 def test_the_combine_is_a_program_with_one_max():
@@ -217,16 +219,15 @@ def test_mutation_partial_state_not_rescaled_fails(monkeypatch):
         _derive_split(decode_text(2))
 
 
-def test_gqa_decode_keeps_the_group_in_one_block():
-    """32 query heads over 8 K / V heads: the grid is (split, K / V head, batch); the G query
-    heads of a K / V head are loops inside the block, so K and V tiles are read once per group."""
+def test_gqa_decode_reads_the_shared_kv_head():
+    """32 query heads over 8 K / V heads: the grid is (split and query tile, query head, K / V
+    head, batch); the G query heads of a K / V head read its tiles at the same K / V index."""
     path = ROOT / "examples" / "decode_splitkv_gqa.yaml"
     d = derive(load_spec_file(path), str(path), seed=2)
     assert all(s.numeric["passed"] for s in d.steps)
     part = d.final.def_named("O_part")
     grid = [lp.var for lp in part.loops if lp.mapping and lp.mapping.level == "grid"]
-    assert grid == ["b", "hk", "ks", "i"]
-    assert [lp.mapping.level for lp in part.loops if lp.var == "g"] == ["warp"]
+    assert grid == ["b", "hk", "g", "ks", "io"]
     prog = derive(load_spec_file(path), str(path), check=False, upto=SPLIT_STEP).final
     sizes = {"B": 1, "HK": 2, "G": 4, "Nq": 1, "Nk": 200, "D": 128}
     rng = np.random.default_rng(1)

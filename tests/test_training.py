@@ -127,6 +127,15 @@ BAD_MANIFESTS = {
                                                r"kernel D .*: the kernel's output D is f32 \[R\], the manifest says f16 \[R\]"),
     "output shape differs from the kernel's": (lambda m: _kernel(m, "D").update(shape=["C"]),
                                                r"the kernel's output D is f32 \[R\], the manifest says f32 \[C\]"),
+    "further output the kernel does not write": (
+        lambda m: _kernel(m, "D").update(also=[{"name": "Z", "dtype": "f32", "shape": ["R"]}]),
+        r"kernel D .*: the kernel's outputs are D, the manifest says D, Z"),
+    "further output with an unknown field": (
+        lambda m: _kernel(m, "D").update(also=[{"name": "Z", "dtype": "f32", "shape": ["R"], "x": 1}]),
+        r"kernel D.also\[0\]: unknown field 'x'"),
+    "further output written twice": (
+        lambda m: _kernel(m, "D").update(also=[{"name": "dX", "dtype": "f32", "shape": ["R", "C"]}]),
+        r"kernel dX.output: dX is already a tensor of the build"),
     "dir of another kernel": (lambda m: _kernel(m, "D").update(dir="grad/dX"),
                               "kernel D .*: the kernel's inputs are dY, Y, D, the manifest lists dY, Y"),
 }

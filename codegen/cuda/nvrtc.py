@@ -22,6 +22,8 @@ import re
 from dataclasses import dataclass
 from typing import Protocol
 
+from compiler.outdir import signals_held
+
 from . import cache, toolchain
 
 __all__ = [
@@ -257,7 +259,13 @@ def compile_cubin(
             return CompileResult(
                 entry.cubin, entry.log, effective, version, cache_hit=True
             )
-    ok, cubin, log = backend.compile(source, name, effective)
+    # libnvrtc installs SIGINT / SIGTERM handlers of its own while it compiles (the first
+    # compile of a process): a signal then would end the process at once (exit 4, no message, a
+    # half-written build left behind).  Held back, it reaches derivc's handler when NVRTC returns,
+    # provided no other thread takes it meanwhile: derivc starts its threads (coqc's, numpy's
+    # BLAS threads) with SIGINT / SIGTERM blocked (compiler.cli).
+    with signals_held():
+        ok, cubin, log = backend.compile(source, name, effective)
     if not ok:
         raise CompileError(
             f"NVRTC failed to compile {name}", log=log, options=effective

@@ -52,24 +52,29 @@ def staged(e: Expr) -> tuple[tuple[Cond, ...], Read]:
     raise UnsupportedMapping(f"staged value is not a (zero-filled) tensor read: {e}")
 
 
-def grid_axes(k: Kernel, tiles: dict[str, tuple[str, int]]) -> tuple[GridAxis, ...]:
-    """GridAxis per grid variable: the size it enumerates (tiles: var -> (size, tile))."""
+def grid_axes(k: Kernel, tiles: dict[str, tuple[str, int]],
+              literal: dict[str, int] | None = None) -> tuple[GridAxis, ...]:
+    """GridAxis per grid variable: the size it enumerates (tiles: var -> (size, tile); literal:
+    the value of a size name that stands for a literal dimension, split-K's splits)."""
     out = []
     for g in k.grid:
         if g.var not in tiles:
             raise UnsupportedMapping(f"grid variable {g.var} does not index the output")
         dim, tile = tiles[g.var]
         want = g.ext.parts[0] if len(g.ext.parts) == 1 else None
-        if want is None or want != (Aff.of(dim), tile):
+        size = Aff.lit(literal[dim]) if literal and dim in literal else Aff.of(dim)
+        if want is None or want != (size, tile):
             raise UnsupportedMapping(f"grid variable {g.var} < {g.ext} does not enumerate tiles of {tile} over {dim}")
         out.append(GridAxis(g.var, dim, tile, g.axis))
     return tuple(out)
 
 
-def bound_cond(c: Cond, var_tile: tuple[str, int], local: str) -> str | None:
-    """If c is `tile * g + local < SIZE` (either side order kept), the size name; else None."""
-    g, t = var_tile
-    if not isinstance(c, Cond) or c.op != "<" or c.lhs != Aff.build({g: t, local: 1}):
+def bound_cond(c: Cond, var_tile: tuple[str, int] | Aff, local: str) -> str | None:
+    """If c is `tile * g + local < SIZE` (either side order kept), the size name; else None.
+    var_tile: (g, tile), or the tile's first position as an affine expression (a split-K tile
+    S·tile·ko + tile·ks)."""
+    base = var_tile if isinstance(var_tile, Aff) else Aff.of(var_tile[0], var_tile[1])
+    if not isinstance(c, Cond) or c.op != "<" or c.lhs != base + Aff.of(local):
         return None
     r = c.rhs
     if len(r.terms) == 1 and r.terms[0][1] == 1 and not r.const:

@@ -26,7 +26,7 @@ from compiler.ir import Aff, Bin, Const, Expr, Ext, Read, Reduce, Select
 from .ctx_common import ident
 from .epilogue import plan_epilogue, scalar_bindings
 from ..kir.ir import Kernel, Stage, TileLoop
-from .plan import ContractionPlan
+from .plan import ContractionPlan, KSplit, Operand
 from .render import render_contraction
 from .render_wgmma import encode_tensor_maps, render_wgmma, tma_supported
 from ..cuda.tma import Encoder, encode_driver
@@ -83,6 +83,7 @@ def match(k: Kernel, mapping: str) -> ContractionPlan:
     if len(batch) != len(sidx) - 2:
         raise refuse(mapping, f"output batch indices {list(map(str, sidx[:-2]))} are not block indices")
     kv = red.var
+    split = _k_split(k, sidx, grid_vars, mapping)
     # operand roles and layouts from the index structure of the product: A read [row, k] (stored
     # [m, k]) or [k, row] (stored [k, m]); B read [k, col] (stored [k, n]) or [col, k] (stored [n, k])
     a_orient = {(Aff.of(lane_r), Aff.of(kv)): False, (Aff.of(kv), Aff.of(lane_r)): True}
@@ -101,19 +102,21 @@ def match(k: Kernel, mapping: str) -> ContractionPlan:
     gb, b_read = staged(sb.value)[0], staged(sb.value)[1]
     a_op = operand(k, a_read.tensor, sa.buf.level, mapping)
     b_op = operand(k, b_read.tensor, sb.buf.level, mapping)
-    c_op = operand(k, out.name, "global", mapping)
+    c_op = _output_operand(k, out.name, split, mapping)
     m, n = c_op.dims[-2], c_op.dims[-1]
     kdim = a_op.dims[-2] if a_transposed else a_op.dims[-1]
     # A tile: row-major [BM, BK] over [.., M, K], or [BK, BM] over [.., K, M]
     (ar, e0), (ac, e1) = sa.buf.dims
     _check_batch(a_read, batch, mapping)
     bk = e0 if a_transposed else e1
+    # the k tile's first position: BK·ko, or BK·(S·ko + ks) for split ks of S (SPLIT-K)
+    kbase = Aff.build({loop.var: bk * split.splits, split.loop: bk}) if split else Aff.of(loop.var, bk)
     if not a_transposed:
-        want_a, bm_a = (Aff.build({g_m: bm, ar: 1}), Aff.build({loop.var: bk, ac: 1})), e0
-        tiles_a = {ar: (g_m, bm), ac: (loop.var, bk)}
+        want_a, bm_a = (Aff.build({g_m: bm, ar: 1}), kbase + Aff.of(ac)), e0
+        tiles_a = {ar: (g_m, bm), ac: kbase}
     else:
-        want_a, bm_a = (Aff.build({loop.var: bk, ar: 1}), Aff.build({g_m: bm, ac: 1})), e1
-        tiles_a = {ar: (loop.var, bk), ac: (g_m, bm)}
+        want_a, bm_a = (kbase + Aff.of(ar), Aff.build({g_m: bm, ac: 1})), e1
+        tiles_a = {ar: kbase, ac: (g_m, bm)}
     if (a_read.idx[-2], a_read.idx[-1]) != want_a:
         raise refuse(mapping, f"A tile {sa.buf.name} reads {a_read.tensor}[{', '.join(map(str, a_read.idx))}], "
                      f"not a row-major [{m}, {kdim}] or [{kdim}, {m}] tile")
@@ -122,10 +125,10 @@ def match(k: Kernel, mapping: str) -> ContractionPlan:
     _check_batch(b_read, batch, mapping)
     (br, e0), (bc, e1) = sb.buf.dims
     if not b_transposed:
-        want = (Aff.build({loop.var: bk, br: 1}), Aff.build({g_n: bn, bc: 1}))
+        want = (kbase + Aff.of(br), Aff.build({g_n: bn, bc: 1}))
         shape_ok = (e0, e1) == (bk, bn)
     else:
-        want = (Aff.build({g_n: bn, br: 1}), Aff.build({loop.var: bk, bc: 1}))
+        want = (Aff.build({g_n: bn, br: 1}), kbase + Aff.of(bc))
         shape_ok = (e0, e1) == (bn, bk)
     if (b_read.idx[-2], b_read.idx[-1]) != want or not shape_ok:
         raise refuse(mapping, f"B tile {sb.buf.name} reads {b_read.tensor}[{', '.join(map(str, b_read.idx))}], "
@@ -136,11 +139,15 @@ def match(k: Kernel, mapping: str) -> ContractionPlan:
             or b_op.dims[-2:] != ((n, kdim) if b_transposed else (kdim, n))):
         raise refuse(mapping, f"operand shapes {a_op.dims} x {b_op.dims} -> {c_op.dims} are not a matrix product")
     fixed = k.fixed()
-    if loop.ext != Ext.of(kdim, bk) and not (kdim in fixed and loop.ext == Ext.of(fixed[kdim], bk)):
-        raise refuse(mapping, f"the k loop runs {loop.var} < {loop.ext}, not over every tile of {kdim}")
+    ks_tiles = {Ext.of(kdim, bk)} | ({Ext.of(fixed[kdim], bk)} if kdim in fixed else set())
+    if split:  # split ks adds the tiles S·ko + ks < ceil(K / BK): ko < ceil((K − BK·ks) / (BK·S))
+        ks_tiles = {Ext(((e.parts[0][0] - Aff.of(split.loop, bk), bk * split.splits),)) for e in ks_tiles}
+    if loop.ext not in ks_tiles:
+        what = f"split {split.loop}'s tiles of {split.splits}" if split else "every tile"
+        raise refuse(mapping, f"the k loop runs {loop.var} < {loop.ext}, not over {what} of {kdim}")
     # guards: every condition is a tile tail bound this mapping zero-fills or guards
     guarded: set[str] = set()
-    tiles_b = {br: ((loop.var, bk) if not b_transposed else (g_n, bn)), bc: ((g_n, bn) if not b_transposed else (loop.var, bk))}
+    tiles_b = {br: (kbase if not b_transposed else (g_n, bn)), bc: ((g_n, bn) if not b_transposed else kbase)}
     for conds, tiles, who in ((ga, tiles_a, sa.buf.name), (gb, tiles_b, sb.buf.name)):
         for c in conds:
             hit = [bound_cond(c, vt, local) for local, vt in tiles.items()]
@@ -164,16 +171,18 @@ def match(k: Kernel, mapping: str) -> ContractionPlan:
     for size, tile in ((m, bm), (n, bn), (kdim, bk)):  # a tile that can cross its bound is zero-filled
         if size not in fixed or fixed[size] % tile:    # (values there are never used: validated)
             guarded.add(size)
+    if split:  # a split past the last tile still runs one (zero-filled) tile: it writes zeros
+        guarded.add(kdim)
     lane_map = {ln.var: ln for ln in k.lanes}
     warps = {v: (ln.mapping.count or 1) if ln.mapping and ln.mapping.level == "warp" else 1 for v, ln in lane_map.items()}
     tiles = {g_m: (m, bm), g_n: (n, bn)}
     for pos, g in batch.items():
-        tiles[g] = (size_name(out.dims[pos], mapping, f"output {out.name}"), 1)
+        tiles[g] = (c_op.dims[pos], 1)
     if a_read.tensor == b_read.tensor:
         raise refuse(mapping, f"both factors stage {a_read.tensor}: the kernel takes one pointer per tensor")
     names = {**size_names_c(k), lane_r: "er_", lane_c: "ec_", g_m: "tm", g_n: "tn"}
     for pos, g in batch.items():
-        names[g] = f"bi_{ident(out.dims[pos].terms[0][0])}"
+        names[g] = f"bi_{ident(c_op.dims[pos])}"
     pointers = {t.name: f"p_e_{ident(t.name)}" for t in k.inputs}
     pointers.update({a_read.tensor: "p_a", b_read.tensor: "p_b"})
     epi = plan_epilogue(k, acc.name, names, pointers, bindings, mapping)
@@ -182,13 +191,40 @@ def match(k: Kernel, mapping: str) -> ContractionPlan:
         sizes_used |= set(t.dims)
     return ContractionPlan(
         kernel_name=k.name, a=a_op, b=b_op, c=c_op, b_transposed=b_transposed, a_transposed=a_transposed, m=m, n=n, k=kdim,
-        batch=c_op.dims[:-2], fixed=tuple((s, v) for s, v in k.sizes if v is not None and s in sizes_used),
+        batch=c_op.dims[:-2], fixed=tuple((s, v) for s, v in k.sizes if v is not None and s in sizes_used)
+        + (((split.dim, split.splits),) if split else ()),
         dynamic=tuple(s for s, v in k.sizes if v is None and s in sizes_used),
         block_m=bm, block_n=bn, block_k=bk, warps_m=warps[lane_r], warps_n=warps[lane_c],
         stages=max(sa.buf.stages, sb.buf.stages), mma=red.mma.instr, acc_dtype="f32",
         guard_m=m in guarded, guard_n=n in guarded, guard_k=kdim in guarded,
-        grid=grid_axes(k, tiles), swizzle=True, epilogue=epi, args=tuple(t.name for t in k.tensors),
+        grid=grid_axes(k, tiles, {split.dim: split.splits} if split else None), swizzle=True, epilogue=epi,
+        args=tuple(t.name for t in k.tensors), k_split=split,
     )
+
+
+SPLITS_DIM = "splits_"  # the size name of a split-K output's leading (literal) dimension
+
+
+def _k_split(k: Kernel, sidx: tuple[Aff, ...], grid_vars: set[str], mapping: str) -> KSplit | None:
+    """SPLIT-K's partial sums: the output [S, M, N] (S a literal) stored at [ks, rows, cols] with
+    ks a grid loop; None for an ordinary contraction."""
+    lead = k.tensor(k.output.name).dims[:1]
+    if len(sidx) != 3 or not lead or not lead[0].is_const():
+        return None
+    g = sidx[0]
+    if len(g.terms) != 1 or g.terms[0][1] != 1 or g.const or g.terms[0][0] not in grid_vars:
+        raise refuse(mapping, f"the output's literal leading dimension is stored at {g}, not at a block index")
+    if SPLITS_DIM in dict(k.sizes):
+        raise refuse(mapping, f"a size is named {SPLITS_DIM}, the name of a split-K dimension")
+    return KSplit(g.terms[0][0], SPLITS_DIM, lead[0].const)
+
+
+def _output_operand(k: Kernel, name: str, split: KSplit | None, mapping: str):
+    if split is None:
+        return operand(k, name, "global", mapping)
+    t = k.tensor(name)
+    rest = tuple(size_name(a, mapping, f"tensor {name}") for a in t.dims[1:])
+    return Operand(name, (split.dim, *rest), t.dtype, "global")
 
 
 def size_names_c(k: Kernel) -> dict[str, str]:
@@ -226,6 +262,8 @@ def _print(k: Kernel, options: tuple[str, ...], instr: str) -> Printed:
     plan = match(k, name)
     if plan.mma != instr:
         raise refuse(name, f"the tile product is mapped to {plan.mma}")
+    if plan.k_split and instr != "wgmma":
+        raise refuse(name, "split-K partial sums (a k loop over one split's tiles) print on wgmma only")
     try:
         if instr == "mma_sync":
             ks = render_contraction(plan, options)

@@ -105,11 +105,14 @@ def attn_addressing(p: AttentionPlan, sz: Sizes) -> dict:
         ctx[f"off_{key}"] = " + ".join(terms) if terms else "0"
         ctx[f"ld_{key}"] = sz.stride_at(op, roles.index("seq"))
     ctx["lse"] = p.lse is not None
-    if p.lse is not None:  # the statistic: O's layout without the head dim
-        roles = op_roles(p.lse)
-        terms = [f"{loop_block_var(r)} * {sz.stride_at(p.lse, i)}" for i, r in enumerate(roles) if r != "seq"]
-        ctx["off_lse"] = " + ".join(terms) if terms else "0"
-        ctx["ld_lse"] = sz.stride_at(p.lse, roles.index("seq"))
+    ctx["state"] = p.state is not None
+    rows = (("lse", p.lse),) if p.lse is not None else ()
+    rows += tuple(zip(("m", "l"), p.state or ()))
+    for key, op in rows:  # the statistic, SPLIT-KV's m and l: O's layout without the head dim
+        roles = op_roles(op)
+        terms = [f"{loop_block_var(r)} * {sz.stride_at(op, i)}" for i, r in enumerate(roles) if r != "seq"]
+        ctx[f"off_{key}"] = " + ".join(terms) if terms else "0"
+        ctx[f"ld_{key}"] = sz.stride_at(op, roles.index("seq"))
     return ctx
 
 
@@ -167,6 +170,8 @@ def params(plan: Plan, sz: Sizes) -> tuple[str, tuple[str, ...]]:
     lse = getattr(plan, "lse", None)
     if lse is not None:  # FOLD-STAT's second output, after O (the kernel IR's order)
         decls[lse.name] = f"{DTYPES[lse.dtype].ctype}* __restrict__ p_lse"
+    for short_name, op in zip(("p_m", "p_l"), getattr(plan, "state", None) or ()):  # SPLIT-KV's m, l after O
+        decls[op.name] = f"{DTYPES[op.dtype].ctype}* __restrict__ {short_name}"
     order = getattr(plan, "args", ()) or tuple(decls)
     if set(order) != set(decls):
         raise ValueError(f"kernel arguments {order} do not match the plan's tensors {tuple(decls)}")

@@ -8,13 +8,19 @@ affine conditions, printed by codegen.mappings.cexpr — never a flag):
     for jo < EXT carrying (m = -inf, l = 0, acc = 0):            EXT printed as written (MASK skip)
                         (wgmma: from the first tile MASK reaches for the block, cexpr.first_tile_c;
                          the steps below are fully masked and leave (m, l, acc) unchanged)
-        stage K_t[r < BN, e < D] = [bound] ? K[batch.., BN*jo + r, e] : 0      (V_t alike)
+        stage K_t[r < BN, e < D] = [bound] ? K[batch.., BN*KT + r, e] : 0      (V_t alike)
+                        (KT the key tile of step jo, read off both index maps: jo itself, or
+                         SPLIT-KV's S*jo + ks with ks a grid loop; increasing in jo)
         compute S[c < BN] = [MASK] ? SCORE(sum(e < D: Q_t[ii, e] * K_t[c, e])) : -inf
         compute m' = max(m, max(x < BN: S[x]))
         compute P[c < BN] = [MASK] ? exp(S[c] - m') : 0
         m := m';  l := l * rescale(m, m') + sum(y < BN: P[y])
         acc := acc * rescale(m, m') + sum(z < BN: [C] ? P[z] * V_t[z, d] : 0)   (C implied by MASK / V's fill)
     store O[.., BM*io + ii, .., d] = acc / l   where [bound]
+      (FOLD-STAT: also LSE[O's index without d] = m + log(l) where [bound] && d <= 0;
+       SPLIT-KV's partial state: O = acc, also M[..] = m and L[..] = l where [bound] && d <= 0,
+       M, L, O f32 with a literal split dimension read at the grid loop ks; the printed m is
+       converted from the template's log2 units (scale folded in) to the score's, exactly as LSE)
 
 Layouts: every index map of Q, K, V and O is read off the kernel IR (`_roles`): one position
 holds the tile rows, the last the head-dim index (stride 1), every other one a grid loop's block
@@ -47,7 +53,7 @@ from .score import contraction_in, normal_form, split_scale, substitute
 from .render_attn_wgmma import encode_attn_tensor_maps, render_attn_wgmma
 from ..cuda.tma import Encoder, encode_driver
 from .registry import Mapping, Printed, Variant, register
-from .common import bound_cond, grid_axes, launch_of, operand, refuse, staged
+from .common import bound_cond, grid_axes, launch_of, operand, refuse, size_name, staged
 
 NEG_INF = Const(float("-inf"))
 
@@ -67,6 +73,7 @@ class FoldMask:
     score: Expr | None = None  # the general score, in normal form (None: the score is SCALE * Q.K)
     acc: str = ""  # the name the score reads its contraction by (Read(acc, ()))
     batch: tuple[tuple[str, str], ...] = ()  # (grid variable, the batch size it enumerates)
+    key_tile: Aff | None = None  # the key tile step `ktile` folds (SPLIT-KV: S*ktile + ks); None: ktile
 
 
 def _rd(name: str, *idx: str) -> Read:
@@ -160,11 +167,15 @@ def match(k: Kernel, mapping: str) -> tuple[AttentionPlan, FoldMask]:
             raise refuse(mapping, f"the P·V condition {cc} is not implied by the mask or V's zero fill")
     if pv.mma != score.mma or (score.mma is None):
         raise refuse(mapping, "map both products (Q·K and P·V) to the same tensor-core instruction")
-    # result and store
-    if k.store.value != Bin("/", Read(acc, ()), Read(l, ())):
-        raise refuse(mapping, f"the stored value is not {acc} / {l}")
+    # result and store: acc / l, or SPLIT-KV's unnormalised acc (with m and l beside it)
+    partial = k.store.value == Read(acc, ())
+    if k.store.value != Bin("/", Read(acc, ()), Read(l, ())) and not partial:
+        raise refuse(mapping, f"the stored value {show_expr(k.store.value)} is neither {acc} / {l} nor "
+                     f"{acc} (SPLIT-KV's partial state)")
     grid_vars = {g.var for g in k.grid}
     out = k.output
+    if SPLITS_DIM in dict(k.sizes):
+        raise refuse(mapping, f"a size is named {SPLITS_DIM}, the name of a split dimension")
     sidx = k.store.index
     # the output's row index is BM * (query tile) + row: find the row position and the tile loop
     rows = [pos for pos, a in enumerate(sidx) if a.coef(row) != 0]
@@ -176,11 +187,18 @@ def match(k: Kernel, mapping: str) -> tuple[AttentionPlan, FoldMask]:
         raise refuse(mapping, f"the output row index {sidx[rows[0]]} is not BM * query tile + {row}")
     qt, bm = rest.terms[0]
     o_roles = _roles(sidx, Aff.build({qt: bm, row: 1}), dl, grid_vars - {qt}, f"output {out.name}", mapping)
-    q_op = _operand(k, q_stage, bm, qt, grid_vars - {qt}, mapping)
-    k_op = _operand(k, k_stage, bn, loop.var, grid_vars - {qt}, mapping)
-    v_op = _operand(k, v_stage, bn, loop.var, grid_vars - {qt}, mapping)
-    o_op = replace(operand(k, out.name, "global", mapping), roles=o_roles)
-    lse_op = _stat_operand(k, m, l, dl, o_roles, mapping)
+    batch_vars = grid_vars - {qt}
+    q_op = _operand(k, q_stage, Aff.of(qt, bm), batch_vars, mapping)
+    # the key tile of step jo, read off K's and V's staging index maps (rows BN * tile + r)
+    key_tile = _key_tile(k_stage, bn, loop.var, batch_vars, mapping)
+    if _key_tile(v_stage, bn, loop.var, batch_vars, mapping) != key_tile:
+        raise refuse(mapping, f"K's and V's tiles of step {loop.var} are not the same key rows")
+    k_op = _operand(k, k_stage, key_tile.scale(bn), batch_vars, mapping)
+    v_op = _operand(k, v_stage, key_tile.scale(bn), batch_vars, mapping)
+    o_op = replace(_literal_operand(k, out.name, mapping), roles=o_roles)
+    lse_op = None if partial else _stat_operand(k, m, l, dl, o_roles, mapping)
+    state_ops = _state_operands(k, m, l, dl, o_roles, mapping) if partial else None
+    splits = {d: int(a.const) for d, a in zip(o_op.dims, k.tensor(out.name).dims) if d == SPLITS_DIM}
     seq_q, seq_k = _seq(o_op), _seq(k_op)
     if _seq(q_op) != seq_q or _seq(v_op) != seq_k:
         raise refuse(mapping, f"Q's rows run over {_seq(q_op)} and O's over {seq_q}; K's over {seq_k} and V's "
@@ -194,8 +212,9 @@ def match(k: Kernel, mapping: str) -> tuple[AttentionPlan, FoldMask]:
         raise refuse(mapping, f"the score sums {e} < {score.ext}, not the whole head dimension {head}")
     if (k.lanes[0].extent, k.lanes[1].extent) != (bm, head):
         raise refuse(mapping, f"the output tile is {k.lanes[0].extent} x {k.lanes[1].extent}, not {bm} x {head}")
-    for st, tile, var, seq in ((q_stage, bm, qt, seq_q), (k_stage, bn, loop.var, seq_k), (v_stage, bn, loop.var, seq_k)):
-        _check_tile(st, tile, var, seq, head, mapping)
+    for st, tile, first, seq in ((q_stage, bm, Aff.of(qt, bm), seq_q), (k_stage, bn, key_tile.scale(bn), seq_k),
+                                 (v_stage, bn, key_tile.scale(bn), seq_k)):
+        _check_tile(st, tile, first, seq, head, mapping)
     for cc in k.store.guard:
         if bound_cond(cc, (qt, bm), row) != seq_q:
             raise refuse(mapping, f"store condition {cc} is not the query tail bound {row} + {bm}*{qt} < {seq_q}")
@@ -213,9 +232,10 @@ def match(k: Kernel, mapping: str) -> tuple[AttentionPlan, FoldMask]:
     for pos, r in enumerate(o_roles):
         if r not in ("seq", "head"):
             tiles[r] = (o_op.dims[pos], 1)
-    if not loop.ext.names() <= set(dict(k.sizes)) | {qt}:
-        raise refuse(mapping, f"the key tile range {loop.var} < {loop.ext} depends on more than sizes and the query tile")
     batch_loops = tuple(g for g in tiles if g != qt)
+    if not loop.ext.names() <= set(dict(k.sizes)) | {qt} | set(batch_loops):
+        raise refuse(mapping, f"the key tile range {loop.var} < {loop.ext} depends on more than sizes, the query tile "
+                     "and the batch indices")
     extras = _score_inputs(k, general, qk_value, {row, c, qt, loop.var} | set(batch_loops), (q_op, k_op, v_op), mapping)
     # every dynamic size is a kernel argument (the launch passes k.dynamic()): the mask, the key
     # tile range and the score term may use sizes no operand has
@@ -223,14 +243,46 @@ def match(k: Kernel, mapping: str) -> tuple[AttentionPlan, FoldMask]:
         kernel_name=k.name, q=q_op, k=k_op, v=v_op, o=o_op,
         batch=tuple(d for d, r in zip(o_op.dims, o_roles) if r not in ("seq", "head")), seq_q=seq_q, seq_k=seq_k,
         head_dim=head, scale=scale,
-        fixed=tuple((s, v) for s, v in k.sizes if v is not None),
+        fixed=tuple((s, v) for s, v in k.sizes if v is not None) + tuple(splits.items()),
         dynamic=k.dynamic(),
         block_m=bm, block_n=bn, warps=warps, stages=max(k_stage.buf.stages, v_stage.buf.stages),
         mma=score.mma.instr, p_in_registers=p_c.buf.level == "register",
-        guard_q=guard_q, guard_kv=guard_kv, grid=grid_axes(k, tiles), swizzle=True, extras=extras, lse=lse_op,
+        guard_q=guard_q, guard_kv=guard_kv, grid=grid_axes(k, tiles, splits), swizzle=True, extras=extras,
+        lse=lse_op, state=state_ops,
     )
     bdims = tuple((g, tiles[g][0]) for g in batch_loops)
-    return plan, FoldMask(mask, row, c, qt, loop.var, loop.ext, general, qk_value.tensor, bdims)
+    strided = None if key_tile == Aff.of(loop.var) else key_tile
+    return plan, FoldMask(mask, row, c, qt, loop.var, loop.ext, general, qk_value.tensor, bdims, strided)
+
+
+SPLITS_DIM = "splits_"  # the size name standing for a literal dimension (SPLIT-KV's splits)
+
+
+def _literal_operand(k: Kernel, name: str, mapping: str) -> Operand:
+    """The tensor's operand, a literal dimension (SPLIT-KV's S) named SPLITS_DIM."""
+    t = k.tensor(name)
+    dims = tuple(SPLITS_DIM if a.is_const() else size_name(a, mapping, f"tensor {name}") for a in t.dims)
+    return Operand(name, dims, t.dtype, "global")
+
+
+def _key_tile(st: Stage, bn: int, var: str, batch_vars: set[str], mapping: str) -> Aff:
+    """The key tile a staged K / V copy reads at step `var`: its rows are BN * tile + r, the tile
+    an affine function of `var` (increasing) and the block's batch indices (SPLIT-KV: S*jo + ks)."""
+    read = staged(st.value)[1]
+    r = st.buf.dims[0][0]
+    rows = [a for a in read.idx if a.coef(r) != 0]
+    if len(rows) != 1 or rows[0].coef(r) != 1:
+        raise refuse(mapping, f"buffer {st.buf.name} reading {read.tensor}: the tile rows {r} are not read at one "
+                     "position with stride 1")
+    first = rows[0] - Aff.of(r)
+    if first.const % bn or any(cf % bn for _, cf in first.terms):
+        raise refuse(mapping, f"buffer {st.buf.name}: row {rows[0]} is not {bn} * key tile + {r}")
+    tile = Aff.build({n: cf // bn for n, cf in first.terms}, first.const // bn)
+    if tile.coef(var) <= 0 or tile.const < 0 or any(cf < 0 for _, cf in tile.terms) \
+            or not tile.names() <= batch_vars | {var}:
+        raise refuse(mapping, f"buffer {st.buf.name}: the key tile {tile} of step {var} is not an increasing "
+                     f"function of {var} and the block's batch indices")
+    return tile
 
 
 def _stat_operand(k: Kernel, m: str, l: str, dl: str, o_roles: tuple[str, ...], mapping: str) -> Operand | None:
@@ -244,14 +296,33 @@ def _stat_operand(k: Kernel, m: str, l: str, dl: str, o_roles: tuple[str, ...], 
     head = o_roles.index("head")
     if st.value != Bin("+", Read(m, ()), Un("log", Read(l, ()))):
         raise refuse(mapping, f"the further output {st.tensor} = {show_expr(st.value)} is not {m} + log({l})")
+    _check_row_store(k, st, dl, head, mapping)
+    return replace(operand(k, st.tensor, "global", mapping), roles=o_roles[:head] + o_roles[head + 1:])
+
+
+def _state_operands(k: Kernel, m: str, l: str, dl: str, o_roles: tuple[str, ...],
+                    mapping: str) -> tuple[Operand, Operand]:
+    """SPLIT-KV's partial state beside the unnormalised acc: the further outputs m and l, f32,
+    stored at the output's index without the head dim where the head-dim lane is 0."""
+    values = tuple(st.value for st in k.also)
+    if values != (Read(m, ()), Read(l, ())):
+        raise refuse(mapping, f"the kernel stores {k.store.value} unnormalised; its further outputs "
+                     f"({', '.join(show_expr(v) for v in values)}) are not the state's ({m}, {l})")
+    head = o_roles.index("head")
+    ops = []
+    for st in k.also:
+        _check_row_store(k, st, dl, head, mapping)
+        ops.append(replace(_literal_operand(k, st.tensor, mapping), roles=o_roles[:head] + o_roles[head + 1:]))
+    return ops[0], ops[1]
+
+
+def _check_row_store(k: Kernel, st, dl: str, head: int, mapping: str) -> None:
     if st.index != k.store.index[:head] + k.store.index[head + 1:]:
         raise refuse(mapping, f"{st.tensor} is not stored at the output's index without the head dim")
     if st.guard != k.store.guard + (Cond(Aff.of(dl), "<=", Aff.lit(0)),):
         raise refuse(mapping, f"{st.tensor}'s store condition is not the output's and {dl} == 0 (once per row)")
-    t = k.tensor(st.tensor)
-    if t.dtype != "f32":
-        raise refuse(mapping, f"{st.tensor} is {t.dtype}: this mapping writes the statistic as f32")
-    return replace(operand(k, st.tensor, "global", mapping), roles=o_roles[:head] + o_roles[head + 1:])
+    if k.tensor(st.tensor).dtype != "f32":
+        raise refuse(mapping, f"{st.tensor} is {k.tensor(st.tensor).dtype}: this mapping writes f32 statistics")
 
 
 def _score_inputs(k: Kernel, score: Expr | None, acc: Read, indices: set[str], qkv: tuple,
@@ -314,12 +385,13 @@ def _roles(idx: tuple[Aff, ...], row: Aff, head: str, batch_vars: set[str], what
     return tuple(roles)
 
 
-def _operand(k: Kernel, st: Stage, tile: int, var: str, batch_vars: set[str], mapping: str) -> Operand:
+def _operand(k: Kernel, st: Stage, first: Aff, batch_vars: set[str], mapping: str) -> Operand:
+    """The staged tensor's operand; `first` the tile's first row (rows first + r)."""
     read = staged(st.value)[1]
     if len(st.buf.dims) != 2:
         raise refuse(mapping, f"buffer {st.buf.name} is not a rows x head-dim tile")
     (r, _), (e, _) = st.buf.dims
-    roles = _roles(read.idx, Aff.build({var: tile, r: 1}), e, batch_vars,
+    roles = _roles(read.idx, first + Aff.of(r), e, batch_vars,
                    f"buffer {st.buf.name} reading {read.tensor}", mapping)
     return replace(operand(k, read.tensor, st.buf.level, mapping), roles=roles)
 
@@ -328,13 +400,13 @@ def _seq(op: Operand) -> str:
     return op.dims[op.roles.index("seq")]
 
 
-def _check_tile(st: Stage, tile: int, var: str, seq: str, head: int, mapping: str) -> None:
+def _check_tile(st: Stage, tile: int, first: Aff, seq: str, head: int, mapping: str) -> None:
     conds, read = staged(st.value)
     (r, rows), (e, cols) = st.buf.dims
     if rows != tile or cols != head:
         raise refuse(mapping, f"buffer {st.buf.name} is {rows} x {cols}, expected {tile} x {head}")
     for cc in conds:
-        if bound_cond(cc, (var, tile), r) != seq:
+        if bound_cond(cc, first, r) != seq:
             raise refuse(mapping, f"buffer {st.buf.name}'s condition {cc} is not the row bound < {seq}")
 
 
@@ -355,8 +427,13 @@ def mask_context(mask: FoldMask, plan: AttentionPlan) -> dict:
     bn, bm = plan.block_n, plan.block_m
     batch = {g: loop_block_var(g) for g, _ in mask.batch}
 
+    key_tile = mask.key_tile if mask.key_tile is not None else Aff.of(mask.ktile)
+
+    def key_tile_c(ktile: str) -> str:  # the key tile step `ktile` folds (its first row: BN times it)
+        return aff_c(key_tile, {**sizes, **batch, mask.ktile: f"({ktile})"})
+
     def names(row: str, col: str, ktile: str) -> dict[str, str]:
-        return {**sizes, **batch, mask.row: f"({row} - q0)", mask.col: f"({col} - ({ktile}) * {bn})",
+        return {**sizes, **batch, mask.row: f"({row} - q0)", mask.col: f"({col} - {key_tile_c(ktile)} * {bn})",
                 mask.qtile: "qt", mask.ktile: f"({ktile})"}
 
     def keep(row: str, col: str, ktile: str) -> str:
@@ -401,7 +478,7 @@ def mask_context(mask: FoldMask, plan: AttentionPlan) -> dict:
         def index_value(a: Aff) -> str:
             # in the absolute row / column (row = BM*qt + lane row, column = BN*ktile + lane column)
             a = a.subst(mask.row, Aff.build({row_abs: 1, mask.qtile: -bm}))
-            a = a.subst(mask.col, Aff.build({col_abs: 1, mask.ktile: -bn}))
+            a = a.subst(mask.col, Aff.of(col_abs) - key_tile.scale(bn))
             parts = [f"{a.coef(v)}.0f * {fv}" for v, fv in ((row_abs, rowf), (col_abs, colf)) if a.coef(v)]
             rest = Aff.build({v: x for v, x in a.terms if v not in (row_abs, col_abs)}, a.const)
             if rest.terms or rest.const or not parts:
@@ -414,12 +491,16 @@ def mask_context(mask: FoldMask, plan: AttentionPlan) -> dict:
     # key tiles past it are fully masked for the whole block and leave (m, l, acc) unchanged
     block_box = {mask.row: ("0", str(bm - 1)), mask.col: ("0", str(bn - 1))}
     block_ints = {**sizes, **batch, mask.qtile: "qt"}
-    n_tiles = ext_c(mask.ext, {**sizes, mask.qtile: "qt"})
+    n_tiles = ext_c(mask.ext, {**sizes, **batch, mask.qtile: "qt"})
     or_end = end_tile_c(tuple(c for c in mask.conds if isinstance(c, Or)), mask.ktile, block_box, block_ints)
     if or_end is not None:
         n_tiles = f"min((long long)({n_tiles}), {or_end})"
+    # the steps whose key tile lies below Nk / BN (full tiles: a * step + b < full, a > 0)
+    full = f"({sizes[plan.seq_k]} / {bn})"
+    a, b = key_tile.coef(mask.ktile), aff_c(key_tile - Aff.of(mask.ktile, key_tile.coef(mask.ktile)), {**sizes, **batch})
+    n_full = full if key_tile == Aff.of(mask.ktile) else f"max(0LL, ((long long){full} - {b} + {a - 1}) / {a})"
     return dict(has_mask=bool(mask.conds), mask_keep=keep, mask_partial=partial, mask_empty=empty,
-                n_tiles_expr=n_tiles,
+                n_tiles_expr=n_tiles, key_tile_c=key_tile_c, n_full_expr=n_full,
                 n_start_expr=first_tile_c(mask.conds, mask.ktile,
                                           {mask.row: ("0", str(bm - 1)), mask.col: ("0", str(bn - 1))},
                                           {**sizes, **batch, mask.qtile: "qt"}),
@@ -439,6 +520,11 @@ def _print(k: Kernel, options: tuple[str, ...], instr: str) -> Printed:
     if plan.mma != instr:
         raise refuse(name, f"the products are mapped to {plan.mma}")
     wgmma = instr == "wgmma"
+    if wgmma and (plan.state is not None or mask.key_tile is not None):
+        raise refuse(name, "SPLIT-KV's partial fold (strided key tiles, the state m, l stored) is printed on "
+                     "mma.sync only")
+    if mask.key_tile is not None and any(isinstance(c, Or) for c in mask.conds):
+        raise refuse(name, f"a disjunctive mask over the strided key tiles {mask.key_tile} is not implemented")
     try:
         ctx = mask_context(mask, plan)
         if wgmma:  # a general score holds more registers: the overlapped schedule would spill

@@ -5,6 +5,7 @@ A plan says *what* the kernel computes (operands, which size names play which ro
 It is plain data: frozen dataclasses, no behaviour beyond validation and small lookups.
 
 ContractionPlan: c[batch..., m, n] = epilogue(sum_k a[batch..., m, k] * b[batch..., k, n])
+    (k_split: c[split, m, n] = sum over the split's k tiles only, a and b unbatched)
     (a stored [..., k, m] when a_transposed, b stored [..., n, k] when b_transposed: the layouts
     NN / NT / TN / TT, `layout(plan)`), fp32 accumulation, output dtype c.dtype; the
     epilogue (EpiloguePlan, printed from the kernel IR's stored value) is the identity when None.
@@ -13,7 +14,8 @@ AttentionPlan: o[b,h,i,:] = sum_j softmax_j(scale * q[b,h,i,:].k[b,h,j,:], MASK)
     rows and which grid loop addresses each other dim (e.g. [B, N, H, D]; GQA's K / V shared by
     the query heads of a group);
     computed with the FlashAttention streaming fold (running max, running sum, rescaled accumulator);
-    the mask and the key tile range are not plan fields: the printers print them from the kernel IR.
+    the mask, the key tile range and the key tile of each step (SPLIT-KV's S·j + ks) are not plan
+    fields: the printers print them from the kernel IR.
 
 Plans are read off the kernel IR by codegen.mappings (never off the derivation program): they
 are the instruction choices of a tensor-core printer, checked against the kernel IR's meaning.
@@ -61,6 +63,16 @@ class EpiloguePlan:
 
 
 @dataclass(frozen=True)
+class KSplit:
+    """SPLIT-K's partial sums: block `loop` (the output's leading batch dim `dim`, a literal
+    `splits` long) adds the k tiles splits·kt + split, kt < ceil((K − BK·split) / (BK·splits))."""
+
+    loop: str    # the grid loop of the split index
+    dim: str     # the size name standing for the output's leading dimension (= splits)
+    splits: int
+
+
+@dataclass(frozen=True)
 class ContractionPlan:
     kernel_name: str
     a: Operand
@@ -89,6 +101,7 @@ class ContractionPlan:
     swizzle: bool
     epilogue: Optional[EpiloguePlan] = None  # None: the store writes the accumulator
     args: tuple[str, ...] = ()  # tensor names in kernel-argument order (the kernel IR's); () = a, b, c
+    k_split: Optional[KSplit] = None  # SPLIT-K: this block adds its split's k tiles only
 
 
 @dataclass(frozen=True)
@@ -119,6 +132,10 @@ class AttentionPlan:
     # FOLD-STAT's second output: the rows' log-sum-exp m + log(l), f32, O's layout without the
     # head dim (roles: O's without 'head'); None: the kernel writes O only
     lse: Optional[Operand] = None
+    # SPLIT-KV's partial state: O is stored unnormalised (acc) and the rows' running max m
+    # (natural units) and running sum l beside it, f32, O's layout without the head dim
+    # (m first, then l: the kernel IR's order); None: O = acc / l
+    state: Optional[tuple[Operand, Operand]] = None
 
 
 Plan = Union[ContractionPlan, AttentionPlan]

@@ -106,8 +106,8 @@ def _attention_ctx(p: AttentionPlan, mask: dict) -> dict:
     sz = Sizes(p)
     if p.mma != "mma_sync":
         raise ValueError(f"the mma.sync fold printer got mma={p.mma!r}")
-    if len({p.q.dtype, p.k.dtype, p.v.dtype, p.o.dtype}) != 1:
-        raise ValueError("attention operands must share one dtype")
+    if len({p.q.dtype, p.k.dtype, p.v.dtype}) != 1 or p.o.dtype not in (p.q.dtype, "f32" if p.state else p.q.dtype):
+        raise ValueError("attention operands must share one dtype (SPLIT-KV's partial acc: f32)")
     if p.k.level != p.v.level or p.k.level not in ("global", "shared"):
         raise ValueError(f"k / v levels must both be 'shared' or both 'global', got {p.k.level}, {p.v.level}")
     if p.stages < 1:
@@ -116,7 +116,7 @@ def _attention_ctx(p: AttentionPlan, mask: dict) -> dict:
     elem = DTYPES[dt].bytes
     d = p.head_dim
     nthreads = threads(p)
-    ctx: dict = dict(kname=ident(p.kernel_name), threads=nthreads, stages=p.stages, dt=dt, ct=dt + "_t",
+    ctx: dict = dict(kname=ident(p.kernel_name), threads=nthreads, stages=p.stages, dt=dt, ct=dt + "_t", o_dt=p.o.dtype,
                      elem=elem, vec=16 // elem, D=d, BM=p.block_m, BN=p.block_n,
                      guard_q=p.guard_q, guard_kv=p.guard_kv,
                      swizzle=p.swizzle, mma=p.mma is not None, p_in_registers=p.p_in_registers,

@@ -98,8 +98,9 @@ def _geometry(p: ContractionPlan, tma: bool = False) -> dict:
         if (not km and bm > 256) or (not kn and bn > 256) or ((kn or km) and bk > 256):
             raise ValueError("TMA boxes are at most 256 rows: block_m ([M, K] A), block_n ([N, K] B) "
                              "or block_k ([K, M] A, [K, N] B) too large")
-        if len(p.batch) > 1 or any(op.dims[:-2] != p.batch for op in (p.a, p.b)):
-            raise ValueError("TMA path: at most one batch dim, carried by a, b and c alike")
+        if len(p.batch) > 1 or any(op.dims[:-2] != (() if p.k_split else p.batch) for op in (p.a, p.b)):
+            raise ValueError("TMA path: at most one batch dim, carried by a, b and c alike "
+                             "(a split-K output's splits by c alone)")
         # producer warpgroup keeps REG_PRODUCER registers, consumers take the rest (multiples of 8)
         g["REG_PRODUCER"] = 40
         g["REG_CONSUMER"] = min(240, (DEVICE.regs_per_sm - 128 * 40) // (nwg * 128) // 8 * 8)
@@ -128,7 +129,17 @@ def _context(p: ContractionPlan, tma: bool = False) -> dict:
         raise ValueError(f"epilogue: {c_chunks} 16-byte chunks do not split over {ethreads} threads")
     ctx["C_ITERS"] = c_chunks // ethreads
     ctx["C_ITERS_C"] = ctx["C_ITERS"]
-    ctx["batched"] = bool(p.batch) and tma
+    ctx["batched"] = bool(p.batch) and tma and not p.k_split
+    # SPLIT-K: this block adds the k tiles SPLITS·kt + split_, kt < KT (one zero-filled tile past K
+    # when the split has none: it writes zeros)
+    ctx["SPLITS"] = p.k_split.splits if p.k_split else 0
+    ctx["split_index"] = f"bi_{ident(p.k_split.dim)}" if p.k_split else ""
+    if p.k_split:
+        span = p.block_k * p.k_split.splits
+        ctx["KT_expr"] = (f"max(1, (max(0, {ctx['K']} - {p.block_k} * (int){ctx['split_index']}) + {span - 1}) "
+                          f"/ {span})")
+    else:
+        ctx["KT_expr"] = f"max(1, ({ctx['K']} + {p.block_k - 1}) / {p.block_k})"
     ctx["batch_index"] = f"bi_{ident(p.batch[0])}" if p.batch else "0"
     # run-time 16-byte row alignment flags (dynamic contiguous dims only; fixed ones are checked here)
     fixed = dict(p.fixed)
@@ -192,8 +203,9 @@ def encode_tensor_maps(plan: ContractionPlan, sizes: dict[str, int], a_ptr: int,
     if not tma_supported(plan, sizes, (a_ptr, b_ptr)):
         raise ValueError("sizes / pointers not 16-byte aligned: use the cp.async kernel")
     m, n, k = sizes[plan.m], sizes[plan.n], sizes[plan.k]
-    bat = [sizes[plan.batch[0]]] if plan.batch else []
-    one = [1] if plan.batch else []
+    batched = bool(plan.batch) and not plan.k_split  # a split-K output's splits: c's alone
+    bat = [sizes[plan.batch[0]]] if batched else []
+    one = [1] if batched else []
     if plan.a_transposed:  # [K, M]: boxes of 64 m x block_k rows, one per 64-wide panel
         a = tiled_map(plan.a.dtype, a_ptr, [m, k] + bat, [64, plan.block_k] + one)
     else:

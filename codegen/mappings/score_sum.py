@@ -5,11 +5,13 @@ The meaning this printer implements (names are the kernel IR's own):
 
     stage R_t[r < BM, e < D] = [bound] ? R[.., BM*rt + r, .., e] : 0     (row tiles: 1 or more)
     for g < G carrying (acc_g = 0):                                      (group loops: 0 or more)
-        for it < EXT carrying (acc = 0):
+        for it < EXT carrying (acc = 0, acc2 = 0, ..):                   (one or more sums)
             stage C_t[r < BN, e < D] = [bound] ? C[.., g, .., BN*it + r, .., e] : 0  (column tiles, shared)
             acc := acc + sum(c < BN @mma: [G] ? X_t[c, n] * A : 0)       (or A * X_t[c, n])
+            acc2 := acc2 + sum(c2 < BN @mma: [G2] ? X2_t[c2, n] * A2 : 0)
         acc_g := acc_g + acc
     store Out[.., BM*rt + row, .., n] = acc_g   where [bound]
+    (also Out2[.., BM*rt + row, .., n] = acc2 where [bound]: FUSE-SUMS' further output)
 
 where the lanes are (row @warp, n), X_t is a column tile (the accumulation's B operand, read at
 [c, n]: ldmatrix .trans) and A, the accumulation's A operand, is any element-wise expression of
@@ -21,6 +23,13 @@ where the lanes are (row @warp, n), X_t is a column tile (the accumulation's B o
   - reads of the kernel's inputs at indices of the row, the column, the tiles, the batch loops
     and the sizes (LSE[b, h, col], Dsum[b, h, row]), each guarded by its tensor's bounds;
   - constants, index values and guards ([G] and every Select: printed as C conditionals).
+
+Several sums in one tile loop (FUSE-SUMS: dK beside dV) share the row tiles, the column ring and
+every score tile: a score of the same row tile and column tile is computed once per tile and read
+by every sum's A (each sum's column index is renamed to the first's); each sum has its own
+accumulator, B tile and output, all stored at the one output index.  The tile range is the union
+of the sums' ranges: only a zero guard every sum has narrows it.  Group loops around several
+sums are refused by name.
 
 A group loop sums the tile sum over an index that the column tiles and A may read like a batch
 index and the row tiles may not (GQA's dK / dV: the query heads g of a K / V head): its sum
@@ -38,7 +47,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from compiler.ir import Aff, Bin, Cond, Const, Expr, IndexValue, Or, Read, Reduce, Select, Un, walk
+from compiler.ir import Aff, Bin, Cond, Const, Expr, IndexValue, Or, Read, Reduce, Select, Un, subst_index, walk
 from compiler.machine import DTYPES
 from compiler.printer import show_expr
 
@@ -83,14 +92,14 @@ class ScoreSumPlan:
     dtype: str
     row_tiles: tuple[Tile, ...]
     col_tiles: tuple[Tile, ...]
-    acc_tile: int          # the column tile read as the accumulation's B operand
+    acc_tiles: tuple[int, ...]  # per sum: the column tile read as its accumulation's B operand
     scores: tuple[Score, ...]
     block_m: int
     block_n: int
     head: int              # columns of every tile (the head dim)
     warps: int
     stages: int
-    out: Operand
+    outs: tuple[Operand, ...]  # per sum: the tensor it is stored in (the kernel's outputs, in order)
     groups: tuple[str, ...] = ()  # the group loops around the tile loop, outermost first
     mma: str = "mma_sync"  # every product's instruction (the field every plan carries)
 
@@ -100,21 +109,25 @@ class _Match:
     plan: ScoreSumPlan
     k: Kernel
     loop: TileLoop
-    value: Expr            # A, the accumulation's A operand (element-wise over row and column)
+    values: tuple[Expr, ...]  # per sum: A, its accumulation's A operand (element-wise over row and column)
     row: str               # the row lane
-    col: str               # the summed column index
+    col: str               # the summed column index (every sum's, renamed to the first's)
     rtile: str             # the grid loop of the row tiles
     out_roles: tuple[str, ...]
     groups: tuple[TileLoop, ...]  # the group loops, outermost first
 
 
 def _group_inner(loop: TileLoop) -> TileLoop | None:
-    """The tile loop that `loop` only sums (acc := acc + the inner loop's sum, both from 0), or None."""
-    if len(loop.state) != 1 or len(loop.body) != 1 or not isinstance(loop.body[0], TileLoop):
+    """The tile loop that `loop` only sums (each acc := acc + the inner loop's matching sum, all
+    from 0), or None."""
+    if not loop.state or len(loop.body) != 1 or not isinstance(loop.body[0], TileLoop):
         return None
-    inner, st = loop.body[0], loop.state[0]
-    if len(inner.state) != 1 or st.init != Const(0.0) or st.update != Bin("+", Read(st.name, ()), Read(inner.state[0].name, ())):
+    inner = loop.body[0]
+    if len(inner.state) != len(loop.state):
         return None
+    for st, ist in zip(loop.state, inner.state):
+        if st.init != Const(0.0) or st.update != Bin("+", Read(st.name, ()), Read(ist.name, ())):
+            return None
     return inner
 
 
@@ -166,6 +179,30 @@ def _split_product(body: Expr, c: str, n: str, col_tiles: dict[str, int]) -> tup
                  "(the accumulation's B operand in its natural order)")
 
 
+def _tile_sums(loop: TileLoop) -> tuple[Reduce, ...]:
+    """The tensor-core tile sum each state of the tile loop adds (acc := acc + sum(...), from 0)."""
+    if not loop.state:
+        raise refuse(NAME, "the tile loop carries no sum")
+    out = []
+    for st in loop.state:
+        upd = st.update
+        if st.init != Const(0.0):
+            raise refuse(NAME, f"the sum {st.name} of the tile loop does not start at 0")
+        if not (isinstance(upd, Bin) and upd.op == "+" and upd.a == Read(st.name, ()) and isinstance(upd.b, Reduce)
+                and upd.b.op == "sum" and upd.b.mma is not None):
+            raise refuse(NAME, f"the update of {st.name} is not {st.name} + a tensor-core tile sum")
+        if upd.b.mma.instr != "mma_sync":
+            raise refuse(NAME, f"the tile sum is mapped to {upd.b.mma.instr}")
+        out.append(upd.b)
+    return tuple(out)
+
+
+def _common_guards(values: tuple[Expr, ...]) -> tuple[Cond | Or, ...]:
+    """The zero guards every value has (each, false, makes every sum's contribution 0)."""
+    first = _zero_guards(values[0])
+    return tuple(g for g in first if all(g in _zero_guards(v) for v in values[1:]))
+
+
 def match(k: Kernel) -> _Match:
     if not k.body or not isinstance(k.body[-1], TileLoop):
         raise refuse(NAME, "the kernel is not [stage row tiles; one tile loop] (a tile sum)")
@@ -176,19 +213,13 @@ def match(k: Kernel) -> _Match:
         groups.append(loop)
         loop = inner
     group_vars = {g.var for g in groups}
-    total = groups[0].state[0].name if groups else loop.state[0].name
     if not pre or not all(isinstance(s, Stage) for s in pre):
         raise refuse(NAME, "the kernel is not [stage row tiles; one tile loop] (a tile sum)")
-    if len(loop.state) != 1 or loop.state[0].init != Const(0.0):
-        raise refuse(NAME, "the tile loop does not carry one sum starting at 0")
-    st = loop.state[0]
-    upd = st.update
-    if not (isinstance(upd, Bin) and upd.op == "+" and upd.a == Read(st.name, ()) and isinstance(upd.b, Reduce)
-            and upd.b.op == "sum" and upd.b.mma is not None):
-        raise refuse(NAME, f"the update of {st.name} is not {st.name} + a tensor-core tile sum")
-    acc_sum = upd.b
-    if acc_sum.mma.instr != "mma_sync":
-        raise refuse(NAME, f"the tile sum is mapped to {acc_sum.mma.instr}")
+    sums = _tile_sums(loop)
+    if groups and len(sums) > 1:
+        raise refuse(NAME, f"group loops around {len(sums)} sums (a fused dK / dV summed over query heads) "
+                     "are not implemented")
+    totals = (groups[0].state[0].name,) if groups else tuple(st.name for st in loop.state)
     if not all(isinstance(s, Stage) and s.buf.level == "shared" for s in loop.body):
         raise refuse(NAME, "the tile loop's body must only stage column tiles in shared memory")
     if len(k.lanes) != 2:
@@ -196,8 +227,10 @@ def match(k: Kernel) -> _Match:
     row, n = k.lanes[0].var, k.lanes[1].var
     rl = k.lanes[0]
     warps = rl.mapping.count if rl.mapping and rl.mapping.level == "warp" and rl.mapping.count else 1
-    if k.store.value != Read(total, ()):
-        raise refuse(NAME, f"the stored value is not the sum {total}")
+    if len(k.stores) != len(totals) or any(st.value != Read(t, ()) for st, t in zip(k.stores, totals)):
+        raise refuse(NAME, f"the stored values are not the sums {', '.join(totals)}, one per output in order")
+    if any(st.index != k.store.index or st.guard != k.store.guard for st in k.also):
+        raise refuse(NAME, "a further output is stored at another index or under other guards than the output")
     grid_vars = {g.var for g in k.grid}
     sidx = k.store.index
     rows_at = [p for p, a in enumerate(sidx) if a.coef(row) != 0]
@@ -209,12 +242,15 @@ def match(k: Kernel) -> _Match:
     rtile, bm = rest.terms[0]
     batch = grid_vars - {rtile}
     out_roles = _roles(sidx, Aff.build({rtile: bm, row: 1}), n, batch, f"output {k.output.name}", NAME)
-    out = operand(k, k.output.name, "global", NAME)
-    out = Operand(out.name, out.dims, out.dtype, out.level, out_roles)
+    outs = []
+    for st in k.stores:
+        o = operand(k, st.tensor, "global", NAME)
+        outs.append(Operand(o.name, o.dims, o.dtype, o.level, out_roles))
     row_tiles = tuple(stage_tile(k, s, rtile, batch) for s in pre)
     col_tiles = tuple(stage_tile(k, s, loop.var, batch | group_vars) for s in loop.body)
-    bn = acc_sum.ext.const_value()
-    if any(t.rows != bm for t in row_tiles) or any(t.rows != bn for t in col_tiles):
+    bn = sums[0].ext.const_value()
+    if any(t.rows != bm for t in row_tiles) or any(t.rows != bn for t in col_tiles) \
+            or any(x.ext != sums[0].ext for x in sums):
         raise refuse(NAME, f"row tiles must have {bm} rows and column tiles {bn}")
     heads = {t.cols for t in row_tiles + col_tiles}
     if len(heads) != 1 or k.lanes[1].extent != next(iter(heads)) or k.lanes[0].extent != bm:
@@ -222,12 +258,19 @@ def match(k: Kernel) -> _Match:
     head = heads.pop()
     col_index = {t.buf: i for i, t in enumerate(col_tiles)}
     row_index = {t.buf: i for i, t in enumerate(row_tiles)}
-    acc_tile, value = _split_product(acc_sum.body, acc_sum.var, n, col_index)
-    c = acc_sum.var
-    scores = score_sums(value, row, c, row_index, col_index, head, k)
-    check_elementwise(value, k, {row, c, rtile, loop.var} | batch | group_vars | set(dict(k.sizes)), n)
+    c = sums[0].var
+    acc_tiles, values, scores = [], [], []
+    for x in sums:
+        acc_tile, value = _split_product(x.body, x.var, n, col_index)
+        value = subst_index(value, x.var, Aff.of(c)) if x.var != c else value
+        acc_tiles.append(acc_tile)
+        values.append(value)
+        for sc in score_sums(value, row, c, row_index, col_index, head, k):
+            if all((o.row, o.col) != (sc.row, sc.col) for o in scores):
+                scores.append(sc)  # one score tile per (row tile, column tile): computed once
+        check_elementwise(value, k, {row, c, rtile, loop.var} | batch | group_vars | set(dict(k.sizes)), n)
     for cc in k.store.guard:
-        if bound_cond(cc, (rtile, bm), row) != out.dims[out_roles.index("seq")]:
+        if bound_cond(cc, (rtile, bm), row) != outs[0].dims[out_roles.index("seq")]:
             raise refuse(NAME, f"store condition {cc} is not the row tail bound")
     dtypes = {t.op.dtype for t in row_tiles + col_tiles}
     if len(dtypes) != 1 or not DTYPES[next(iter(dtypes))].mma_operand:
@@ -238,9 +281,9 @@ def match(k: Kernel) -> _Match:
         if not g.ext.names() <= set(dict(k.sizes)) | {rtile} | batch | {x.var for x in groups[:pos]}:
             raise refuse(NAME, f"the group loop {g.var} < {g.ext} depends on more than sizes, the block and outer group loops")
     stages = max(s.buf.stages for s in loop.body)
-    plan = ScoreSumPlan(k.name, dtypes.pop(), row_tiles, col_tiles, acc_tile, scores, bm, bn, head, warps, stages, out,
-                        tuple(g.var for g in groups))
-    return _Match(plan, k, loop, value, row, c, rtile, out_roles, tuple(groups))
+    plan = ScoreSumPlan(k.name, dtypes.pop(), row_tiles, col_tiles, tuple(acc_tiles), tuple(scores), bm, bn, head,
+                        warps, stages, tuple(outs), tuple(g.var for g in groups))
+    return _Match(plan, k, loop, tuple(values), row, c, rtile, out_roles, tuple(groups))
 
 
 def score_sums(value: Expr, row: str, c: str, row_index: dict[str, int], col_index: dict[str, int],
@@ -377,11 +420,16 @@ def context(m: _Match) -> dict:
                          "must be multiples of 16")
     group = {g.var: loop_block_var(g.var) for g in m.groups}
     names = {**sizes, **batch, **group, m.rtile: "rt", m.loop.var: "it", m.row: "er_", m.col: "ec_"}
-    score_of = {s.sum: f"sc{i}[mi][nt][e]" for i, s in enumerate(p.scores)}
+    keys = [(s.row, s.col) for s in p.scores]
+    row_index = {t.buf: i for i, t in enumerate(p.row_tiles)}
+    col_index = {t.buf: i for i, t in enumerate(p.col_tiles)}
+    # every sum's score sums read the one tile of their (row tile, column tile)
+    score_of = {sc.sum: f"sc{keys.index((sc.row, sc.col))}[mi][nt][e]" for v in m.values
+                for sc in score_sums(v, m.row, m.col, row_index, col_index, p.head, k)}
 
     # the zero guards over the tile index; a disjunction (prefix-LM's j <= i || j < Prefix) narrows
     # the range to the union of its parts' ranges, and a warp is empty where every part is
-    guards = tuple(c for c in _zero_guards(m.value) if m.loop.var in c.names())
+    guards = tuple(c for c in _common_guards(m.values) if m.loop.var in c.names())
     blk = {**sizes, **batch, **group, m.rtile: "rt"}
     box = {m.row: ("0", str(p.block_m - 1)), m.col: ("0", str(p.block_n - 1))}
     begin = first_tile_c(guards, m.loop.var, box, blk)
@@ -403,9 +451,9 @@ def context(m: _Match) -> dict:
     tile_bytes_c = p.block_n * p.head * elem
     row_smem = len(p.row_tiles) * tile_bytes_r
     col_smem = p.stages * len(p.col_tiles) * tile_bytes_c
-    out_seq = p.out.dims[p.out.roles.index("seq")]
+    out_seq = p.outs[0].dims[p.outs[0].roles.index("seq")]
     return dict(
-        kname=ident(k.name), threads=threads, dt=p.dtype, out_dt=p.out.dtype, ct=p.dtype + "_t", elem=elem, vec=16 // elem,
+        kname=ident(k.name), threads=threads, dt=p.dtype, ct=p.dtype + "_t", elem=elem, vec=16 // elem,
         D=p.head, BM=p.block_m, BN=p.block_n, ROWS_W=rows_w, MI=rows_w // 16, NT=p.block_n // 8,
         KD=p.head // 16, KT2=p.block_n // 16, DT=p.head // 8, stages=p.stages, swizzle=True,
         params=params, _arg_names=arg_names,
@@ -417,13 +465,15 @@ def context(m: _Match) -> dict:
         col_tiles=[dict(ptr=ptr[t.op.name], base=base_c(t.op, fixed, "0"), step=stride_c(t.op, t.op.roles.index("seq"), fixed),
                         lim=sizes[t.rows_size]) for t in p.col_tiles],
         row_lds=[stride_c(t.op, t.op.roles.index("seq"), fixed) for t in p.row_tiles],
-        scores=[dict(row=s.row, col=s.col) for s in p.scores], acc_tile=p.acc_tile,
-        value=element_value_c(k, m.value, names, score_of), begin_expr=begin, end_expr=end, warp_empty=empty,
-        out_ptr=ptr[p.out.name], out_base=base_c(p.out, fixed, "rt * %d" % p.block_m),
-        out_ld=stride_c(p.out, p.out.roles.index("seq"), fixed), out_lim=f"{sizes[out_seq]} - rt * {p.block_m}",
+        scores=[dict(row=s.row, col=s.col) for s in p.scores],
+        accs=[dict(tile=t, value=element_value_c(k, v, names, score_of), out_dt=o.dtype, out_name=o.name,
+                   out_ptr=ptr[o.name], out_base=base_c(o, fixed, "rt * %d" % p.block_m),
+                   out_ld=stride_c(o, o.roles.index("seq"), fixed))
+              for t, v, o in zip(p.acc_tiles, m.values, p.outs)],
+        begin_expr=begin, end_expr=end, warp_empty=empty, out_lim=f"{sizes[out_seq]} - rt * {p.block_m}",
         smem_bytes=row_smem + col_smem, col_smem_off=row_smem, tile_bytes_r=tile_bytes_r, tile_bytes_c=tile_bytes_c,
         summary=(f"mma.sync tile sum {p.block_m}x{p.block_n} d{p.head}, warps {p.warps}, stages {p.stages}, "
-                 f"{len(p.scores)} score tile(s), row tiles {len(p.row_tiles)}, column tiles {len(p.col_tiles)}"
+                 f"{len(p.acc_tiles)} sum(s), {len(p.scores)} score tile(s), row tiles {len(p.row_tiles)}, column tiles {len(p.col_tiles)}"
                  + (f", summed over {', '.join(p.groups)}" if p.groups else "")),
     )
 
@@ -438,4 +488,4 @@ def render(k: Kernel, options: tuple[str, ...] = DEFAULT_OPTIONS) -> Printed:
     return Printed("score_sum_mma_sync", k, m.plan, (Variant("kernel", ks, launch_of(k, ks)),), promises)
 
 
-register(Mapping("score_sum_mma_sync", "score_sum", "mma_sync", lambda k, o: render(k, o)))
+register(Mapping("score_sum_mma_sync", "score_sum", "mma_sync", lambda k, o: render(k, o), prints_also=True))

@@ -17,7 +17,7 @@ def _load() -> None:
     for mod in (
         "tile", "reorder", "split", "fuse", "unfuse", "cache", "parallel", "assoc",
         "split_softmax", "online_agg", "skip_masked", "map_mma", "fuse_let", "cache_row",
-        "recompute", "softmax_rowterm", "fold_stat", "split_kv",
+        "recompute", "softmax_rowterm", "fold_stat", "split_kv", "split_k", "fuse_sums",
     ):
         try:
             import_module(f"{__name__}.{mod}")

@@ -160,10 +160,10 @@ class SplitKv(Rule):
                 defs += [partial, replace(d, body=combine)]
             else:
                 defs.append(x)
-        return replace(prog, defs=tuple(defs), facts=_with_chain(prog, part, d.name))
+        return replace(prog, defs=tuple(defs), facts=with_chain(prog, part, d.name))
 
 
-def _with_chain(prog: Program, part: str, combine: str) -> tuple[tuple[str, str], ...]:
+def with_chain(prog: Program, part: str, combine: str) -> tuple[tuple[str, str], ...]:
     """prog's facts with `kernels` naming the partial folds' kernel before the combine's: the
     program is meant to run as a chain of kernels, one per definition (compiler/kernel_chain.py)."""
     facts = dict(prog.facts)

@@ -15,6 +15,8 @@ Require Export Derivc.Rules.OnlineLse.
 Require Export Derivc.Rules.OnlineMerge.
 Require Export Derivc.Rules.MapMma.
 Require Export Derivc.Tactics.
+Require Export Derivc.Rules.FuseSums.
 Require Export Derivc.Rules.Recompute.
 Require Export Derivc.Rules.SoftmaxBwd.
 Require Export Derivc.Rules.SoftmaxVjp.
+Require Export Derivc.Rules.SplitK.

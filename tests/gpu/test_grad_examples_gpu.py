@@ -256,18 +256,26 @@ def _case_id(path: Path, i: int) -> str:
 @pytest.mark.parametrize("path,case_index", CASES, ids=[_case_id(p, i) for p, i in CASES])
 def test_gradients_match_float64_autograd(torch, trainings, path: Path, case_index: int):
     ref = REFERENCES[path.stem]
-    case = ref.cases[case_index]
-    t = trainings(path)
-    xs, dy = _inputs(torch, t, case, seed=17 + case_index, ref=ref)
+    check_gradients(torch, trainings(path), ref, ref.cases[case_index], seed=17 + case_index, where=path.stem)
+
+
+def check_gradients(torch, t: Any, ref: Ref, case: Case, seed: int, where: str,
+                    to_runtime: Callable[[Any], Any] = lambda x: x, to_torch: Callable[[Any], Any] = lambda x: x
+                    ) -> None:
+    """Forward + backward of `t` on _inputs (handed to the runtime through `to_runtime`: torch
+    tensors as they are, or CuPy arrays through DLPack), the output and every gradient (back
+    through `to_torch`) compared with float64 autograd of `ref.math`."""
+    xs, dy = _inputs(torch, t, case, seed=seed, ref=ref)
     named = {n: case.sizes[n] for n in case.by_name}
-    y, saved = t.forward_with_saved(**xs, **named)
-    grads = t.backward(saved, dy, **named)
+    y, saved = t.forward_with_saved(**{n: to_runtime(x) for n, x in xs.items()}, **named)
+    grads = t.backward(saved, to_runtime(dy), **named)
     torch.cuda.synchronize()
+    y, grads = to_torch(y), {n: to_torch(g) for n, g in grads.items()}
 
     leaves = {n: x.detach().double().requires_grad_(n in t.manifest.wrt) for n, x in xs.items()}
     y_ref = ref.math(torch, leaves, case.sizes)
     y_ref.backward(dy.double())
-    where = f"{path.stem} at {case.sizes}, logits x{case.logits:g}"
+    where = f"{where} at {case.sizes}, logits x{case.logits:g}"
     tol = TOL[ref.family]
     assert y.dtype == dy.dtype and tuple(y.shape) == tuple(y_ref.shape), where
     assert _rel(torch, y, y_ref.detach()) <= tol, f"{where}: output {_rel(torch, y, y_ref.detach()):.3e}"

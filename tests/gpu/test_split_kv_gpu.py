@@ -2,19 +2,21 @@
 of kernels (OUT/kernels/O_part/, OUT/kernels/O/: the partial folds, then the combine;
 compiler/kernel_chain.py), loaded by `derivc.load` (codegen/chain.py) and run one after the other.
 
-Against float64 torch on the fp16 inputs at Nk = 1 (seven of eight splits empty), 63, 65, 100
-(six empty), 1000, 4097 (tails), B / H mixed; determinism: two runs give the same bits (no
-atomics: each split writes its own slot, the combine adds them in split order).
+The partial kernel is the mma.sync online fold (codegen/mappings/online_fold.py: a 16-row query
+tile per warp, split ks folding the key tiles ks, S + ks, …, its state (acc, m, l) stored), the
+combine SIMT.  Against float64 torch on the fp16 inputs at Nk = 1 (fifteen of sixteen splits
+empty), 63, 65, 100 (twelve empty), 1000, 4097 (tails), B / H mixed, for the example's 16 splits
+and variants with 3, 8 and 32 (a 3-stage ring); several query rows (Nq = 5, 17: speculative
+decoding); determinism: two runs give the same bits (no atomics: each split writes its own
+slot, the combine adds them in split order).
 
     python -m pytest -q -m gpu tests/gpu/test_split_kv_gpu.py -s
     python tests/gpu/test_split_kv_gpu.py          # decode timings vs torch SDPA
-
-The partial kernel is SIMT today (no tensor cores): the timings say where it stands, the
-targets (>= 1.0 x SDPA) need the mma.sync fold mapping to print a split's partial state.
 """
 from __future__ import annotations
 
 import math
+import re
 import sys
 import tempfile
 from functools import lru_cache
@@ -30,6 +32,7 @@ pytestmark = pytest.mark.gpu
 DECODE = ROOT / "examples" / "decode_splitkv.yaml"
 GQA = ROOT / "examples" / "decode_splitkv_gqa.yaml"
 SHAPES = [(1, 32, 32768), (4, 32, 32768), (8, 32, 4096), (64, 8, 2048)]  # (B, H, Nk), the issue's decode targets
+SPLITS_BENCH = ((16, 2), (8, 2), (32, 2), (64, 2), (16, 3), (32, 3))  # (splits, stages) timed; the example's first
 
 
 @lru_cache(maxsize=None)
@@ -44,6 +47,16 @@ def load_decode(path: Path = DECODE):
     chain = derivc.load(out)
     assert [k.name for k in chain.kernels] == ["O_part", "O"]
     return chain
+
+
+@lru_cache(maxsize=None)
+def load_splits(splits: int, stages: int = 2):
+    """The example with `splits` splits and a K / V ring of `stages` (the same schedule otherwise)."""
+    text = re.sub(r"splits: \d+}", f"splits: {splits}}}", DECODE.read_text())
+    text = re.sub(r"stages: \d+}", f"stages: {stages}}}", text)
+    path = Path(tempfile.mkdtemp(prefix="derivc-splitkv-src-")) / f"decode_splitkv_{splits}_{stages}.yaml"
+    path.write_text(text)
+    return load_decode(path)
 
 
 def run_decode(chain, q, k, v):
@@ -67,11 +80,22 @@ def chain():
 
 @pytest.mark.parametrize("b,h,nk", [(1, 4, 1), (2, 4, 63), (1, 2, 65), (2, 3, 100), (2, 3, 1000), (1, 8, 4097)])
 @pytest.mark.parametrize("logits", [1.0, 8.0])
-def test_decode_against_float64(chain, b, h, nk, logits):
+@pytest.mark.parametrize("splits,stages", [(16, 2), (3, 2), (8, 2), (32, 3)])
+def test_decode_against_float64(chain, splits, stages, b, h, nk, logits):
+    _check_decode(chain if (splits, stages) == (16, 2) else load_splits(splits, stages), splits, b, h, 1, nk, logits)
+
+
+@pytest.mark.parametrize("nq,nk", [(5, 300), (17, 4097)])
+def test_several_query_rows_against_float64(chain, nq, nk):
+    """Speculative decoding's query rows: one 16-row tile (Nq = 5), two with a one-row tail (17)."""
+    _check_decode(chain, 16, 2, 4, nq, nk, 1.0)
+
+
+def _check_decode(chain, splits, b, h, nq, nk, logits):
     import torch
 
     g = torch.Generator(device="cuda").manual_seed(nk * 7 + b)
-    q = (torch.randn(b, h, 1, 128, device="cuda", generator=g) * logits).half()
+    q = (torch.randn(b, h, nq, 128, device="cuda", generator=g) * logits).half()
     k = torch.randn(b, h, nk, 128, device="cuda", generator=g).half()
     v = torch.randn(b, h, nk, 128, device="cuda", generator=g).half()
     o, (o_part, m, l) = run_decode(chain, q, k, v)
@@ -79,9 +103,10 @@ def test_decode_against_float64(chain, b, h, nk, logits):
     want = reference(torch, q, k, v)
     assert not torch.isnan(o).any()
     err = (o.double() - want).norm() / want.norm()
-    assert err < 5e-3, f"relative error {err:.3g} at B={b} H={h} Nk={nk} logits x{logits}"
-    tiles = -(-nk // 64)
-    if tiles < 8:  # splits past the last tile: (-inf, 0, 0)
+    assert err < 5e-3, f"relative error {err:.3g} at S={splits} B={b} H={h} Nq={nq} Nk={nk} logits x{logits}"
+    tiles = -(-nk // 32)  # key tiles of 32
+    assert m.shape == (b, h, nq, splits)
+    if tiles < splits:  # splits past the last tile: (-inf, 0, 0)
         assert torch.isneginf(m[..., tiles:]).all() and (l[..., tiles:] == 0).all()
 
 
@@ -126,6 +151,8 @@ def bench(shapes=SHAPES, iters: int = 50) -> None:
         for _ in range(5):
             fn()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        torch.cuda._sleep(40_000_000)  # the host queues every call while the GPU waits: device time, not Python's
         start.record()
         for _ in range(iters):
             fn()
@@ -133,15 +160,17 @@ def bench(shapes=SHAPES, iters: int = 50) -> None:
         torch.cuda.synchronize()
         return start.elapsed_time(end) / iters
 
-    print(f"{'B':>3} {'H':>3} {'Nk':>6}  {'derivc ms':>9}  {'SDPA ms':>8}  {'ratio':>6}  {'KV GB/s':>8}")
+    chains = {(16, 2): chain, **{v: load_splits(*v) for v in SPLITS_BENCH if v != (16, 2)}}
+    print(f"{'B':>3} {'H':>3} {'Nk':>6} {'S':>3} {'st':>2}  {'derivc ms':>9}  {'SDPA ms':>8}  {'ratio':>6}  {'KV GB/s':>8}")
     for b, h, nk in shapes:
         q = torch.randn(b, h, 1, 128, device="cuda").half()
         k = torch.randn(b, h, nk, 128, device="cuda").half()
         v = torch.randn(b, h, nk, 128, device="cuda").half()
-        ours = time_ms(lambda: chain(q, k, v))
         sdpa = time_ms(lambda: F.scaled_dot_product_attention(q, k, v))
-        gbs = 2 * b * h * nk * 128 * 2 / (ours * 1e-3) / 1e9
-        print(f"{b:>3} {h:>3} {nk:>6}  {ours:>9.3f}  {sdpa:>8.3f}  {sdpa / ours:>6.2f}  {gbs:>8.0f}")
+        for sp, st in SPLITS_BENCH:  # the example (16 splits, 2 stages) first, then the variants
+            ours = time_ms(lambda: chains[sp, st](q, k, v))
+            gbs = 2 * b * h * nk * 128 * 2 / (ours * 1e-3) / 1e9
+            print(f"{b:>3} {h:>3} {nk:>6} {sp:>3} {st:>2}  {ours:>9.3f}  {sdpa:>8.3f}  {sdpa / ours:>6.2f}  {gbs:>8.0f}")
     gqa = load_decode(GQA)
     for b, nk in ((1, 32768), (4, 32768)):  # 32 query / 8 K-V heads; SDPA on the repeated K / V
         q = torch.randn(b, 32, 1, 128, device="cuda").half()
