@@ -85,11 +85,12 @@ def ob_split_k(rec, before: Program, after: Program, site_of, finish) -> Obligat
     num, div = site.ext.single()
     S = int(f["splits"])
     n = _c(ex.aff(num, {}))
+    thm = rec.theorem  # the rule's choice: sumTo_strided for an untiled sum (div == 1)
     if div == 1:  # an untiled sum over [0, n): split ks adds the indices S·o + ks
-        thm, args = "sumTo_strided", (str(S), f"({n})")
+        args = (str(S), f"({n})")
         args_l = args
     else:
-        thm, args = "sumTo_split_k_strided", (f"({n})", str(div), str(S), str(div * S))
+        args = (f"({n})", str(div), str(S), str(div * S))
         args_l = (f"({_l(ex.aff(num, {}))})", str(div), str(S), str(div * S))
     inst = f"{thm} {' '.join(args)} ({_c(_lam_of(b))})"
     proof = f"intros.\n  etransitivity.\n  {{ apply ({inst}); lia. }}\n  derivc_congr."

@@ -274,14 +274,20 @@ def test_tile_longer_than_small_check_sizes_builds():
     assert rc == 0, msg
 
 
-def test_split_kv_splits_are_bounded_by_the_grid():
+@pytest.mark.parametrize("rule", ["split_kv", "split_k"])
+def test_splits_are_bounded_by_the_grid(rule):
     from compiler.machine import DEVICE
     from compiler.rules import RULES
 
-    p = RULES["split_kv"].Params
+    p = RULES[rule].Params
     with pytest.raises(Exception, match="less than or equal"):
         p.model_validate({"def": "O", "index": "jo", "splits": 2**31})
     assert p.model_fields["splits"].metadata[0].le == min(DEVICE.grid_limits)
+
+
+def test_huge_split_k_is_an_input_error_at_its_step():
+    sched = "  - {rule: tile, def: C, index: k, size: 16}\n  - {rule: split_k, def: C, index: ko, splits: 4294967296}\n"
+    fails_fast(GOOD_GEMM + "schedule:\n" + sched, "schedule[1]", "step 2 (split_k)", "splits")
 
 
 @settings(max_examples=25, deadline=None)
