@@ -205,3 +205,27 @@ def check_size_notes(
 def _largest_space(prog: Program, sizes: dict[str, int]) -> int:
     """Points of the largest array the interpreter materialises for IR₀ (compiler/checkcost.py)."""
     return program_points(prog, sizes)
+
+
+def check_step_work(programs: list[Program], rules: list[str], steps: list[dict[str, Any]],
+                    sizes: dict[str, int]) -> None:
+    """Refuse (exit 2, at its step) a step whose numeric check could not run at the check sizes:
+    the largest array of the program after the step, counted over padded extents, above
+    MAX_CHECK_POINTS.  A tile of t pads an extent n to ceil(n/t)·t and the interpreter evaluates
+    every padded point, masked or not: a tile of 2^31 on an extent of 5 is 2^31 points.  (A tile
+    longer than a dynamic extent at the check sizes is legitimate: the kernel meets short inputs
+    too, and the examples check tiles of 128 at N = 77.)
+
+    `programs[k]` is the program step k+1 applies to, `programs[k + 1]` its result."""
+    shown = ", ".join(f"{n}={v}" for n, v in sizes.items())
+    for k, (rule, params) in enumerate(zip(rules, steps), start=1):
+        if k >= len(programs):
+            break
+        points = program_points(programs[k], sizes)
+        if points > MAX_CHECK_POINTS:
+            tile = params.get("size")
+            padded = f" (a tile of {tile} pads an extent n to ceil(n/{tile})·{tile})" if rule == "tile" else ""
+            raise SpecError(f"schedule[{k - 1}]", f"step {k} ({rule}): the numeric checks would evaluate about "
+                                                  f"{points:.3g} points at {shown}, counted over padded extents"
+                                                  f"{padded} (limit {MAX_CHECK_POINTS:.3g}): choose smaller tiles, "
+                                                  "splits or check_sizes")

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from . import ir, progress
-from .checksizes import check_size_notes, choose_check_sizes, tiled_sizes
+from .checksizes import check_size_notes, check_step_work, choose_check_sizes, tiled_sizes
 from .draws import Draw, DrawPlan, plan_draws, reference
 from .errors import DerivationError, SpecError
 from .interp import rel_error, run_program
@@ -325,6 +325,8 @@ def derive_program(
     step_params = [s.params() for s in schedule[:n]]
     try:
         sizes = choose_check_sizes(spec, ir0, before, step_params) if check else {}
+        if check:
+            check_step_work(before, [s.rule for s in schedule[:n]], step_params, sizes)
     except SpecError as exc:
         raise exc.in_file(file) from None
     notes = tuple(check_size_notes(spec, ir0, sizes, before, step_params)) if check else ()

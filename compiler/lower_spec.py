@@ -54,7 +54,7 @@ class _Lowering:
         try:
             st = parse_statement(text)
         except ParseError as exc:
-            raise SpecError(where, f"cannot parse {text!r}: {exc}") from None
+            raise SpecError(where, f"cannot parse: {exc.shown_in(text)}") from None
         if st.tensor in self.types:
             raise SpecError(where, f"tensor {st.tensor} is already defined")
         for name in (st.tensor, *st.idx, *_bound_in(st.body)):
@@ -265,11 +265,12 @@ def _check_work(spec: SpecFile, prog: Program) -> None:
             if len(ext.names()) == 1:
                 over[(d.name, var)] = next(iter(ext.names()))
     tiles: dict[str, int] = {}
-    for step in spec.schedule:
+    tiled_at: dict[str, int] = {}  # the step of the largest tile on a size
+    for k, step in enumerate(spec.schedule, start=1):
         raw = step.params()
         t, size = raw.get("size"), over.get((str(raw.get("def")), str(raw.get("index"))))
-        if step.rule == "tile" and size and isinstance(t, int) and not isinstance(t, bool):
-            tiles[size] = max(tiles.get(size, 1), t)
+        if step.rule == "tile" and size and isinstance(t, int) and not isinstance(t, bool) and t > tiles.get(size, 1):
+            tiles[size], tiled_at[size] = t, k
     sizes = {n: spec.check_sizes.get(n, v if v is not None else (tiles[n] * 3 // 2 + 1 if n in tiles else 5))
              for n, v in prog.sizes}
 
@@ -285,8 +286,15 @@ def _check_work(spec: SpecFile, prog: Program) -> None:
         if points(d) > MAX_CHECK_POINTS:
             shown = ", ".join(f"{n}={v}" for n, v in sizes.items())
             field = "check_sizes" if spec.check_sizes else "sizes"
-            raise SpecError(field, f"the numeric checks would evaluate about {points(d):.3g} points of {d.name} at "
-                                   f"{shown} (limit {MAX_CHECK_POINTS:.3g}); choose smaller check_sizes or fixed sizes")
+            why = f"the numeric checks would evaluate about {points(d):.3g} points of {d.name} at {shown}"
+            chosen = [n for n in tiles if n not in spec.check_sizes and dict(prog.sizes).get(n) is None]
+            if chosen:  # a size checked at 1.5 tiles: the tile's step is what to change
+                n = max(chosen, key=lambda n: tiles[n])
+                k = tiled_at[n]
+                raise SpecError(f"schedule[{k - 1}]", f"step {k} (tile): {why}, {n} = 1.5 tiles of {tiles[n]} + 1 "
+                                                      f"(limit {MAX_CHECK_POINTS:.3g}): choose a smaller tile or "
+                                                      f"check_sizes.{n}")
+            raise SpecError(field, f"{why} (limit {MAX_CHECK_POINTS:.3g}); choose smaller check_sizes or fixed sizes")
 
 
 def check_schedule(spec: SpecFile, prog: Program) -> None:

@@ -279,11 +279,11 @@ def ob_cache(rec, before: Program, after: Program) -> Obligation:
     p, f = rec.parsed, rec.raw_facts
     ex, b, a, hyps = _site(rec, before, after, p.def_, f["site"])
     if p.accumulator is not None:
-        ob = _ob(rec, "cache_read", checked=(
+        ob = _ob(rec, rec.theorem, checked=(
             "the accumulator fact changes no value: the exported reduction is the same before and after"))
         proof = "intros.\n  derivc_congr."
     else:
-        ob = _ob(rec, "cache_read2", checked=(
+        ob = _ob(rec, rec.theorem, checked=(
             f"the scope with the staged buffer {f['buffer']} equals the scope reading {f['tensor']}: "
             "every buffer read is an in-range tile offset whose zero-fill guard holds (cache_read2, "
             "pointwise under the enclosing bounds and guards)"))

@@ -74,7 +74,7 @@ def ob_online_agg(rec, before: Program, after: Program) -> Obligation:
             f"    derivc_congr\n"
             f"  · rw [onlineFoldG_foldN]\n"
             f"    derivc_congr")
-    ob = _ob(rec, "online_agg_guard", checked=(
+    ob = _ob(rec, rec.theorem, checked=(
         f"the quotient of the tiled numerator and {l_def.name} (inlined) equals the IR's fold: "
         "its step is matched, field by field, against onlineStepW of onlineFoldG (masked weights "
         "exp(s - m'), rescale of l and acc by rescale(m, m'), running max = the IR's own m_new, "

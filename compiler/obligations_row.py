@@ -78,7 +78,7 @@ def ob_online_softmax(rec, before: Program, after: Program, finish) -> Obligatio
             f"  · rw [onlineFold2_foldN]\n"
             f"    simp only [onlineStep2]\n"
             f"    derivc_congr")
-    ob = _ob(rec, "online_softmax", checked=(
+    ob = _ob(rec, rec.theorem, checked=(
         f"one softmax element exp(a - M) / {l_def.name} ({l_def.name} and the shift inlined) equals the IR's "
         "(m, l) fold with result exp(a - m) / l: its step is matched, field by field, against onlineStep2 "
         "(masked weights exp(s - m'), l rescaled by rescale(m, m'), running max = the IR's own m_new, shown "

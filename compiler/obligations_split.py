@@ -64,7 +64,7 @@ def ob_split_kv(rec, before: Program, after: Program, finish) -> Obligation:
              "  derivc_congr.")
     lean = ("by\n  intros\n  rw [online_merge_global]\n  simp only [OState.st_acc, OState.st_l, OState.st_m]\n"
             "  derivc_congr")
-    ob = _ob(rec, "online_merge_global", status="partial", checked=(
+    ob = _ob(rec, rec.theorem, status="partial", checked=(
         f"the combine of {p.def_} (its body as written, the partial tensors {part}, {part_m}, {part_l} "
         f"quantified) equals acc / l of the fold's left-to-right merge of the {S} partial states "
         "(online_merge_global); its loop nest, guard and store are unchanged"),
@@ -85,11 +85,12 @@ def ob_split_k(rec, before: Program, after: Program, site_of, finish) -> Obligat
     num, div = site.ext.single()
     S = int(f["splits"])
     n = _c(ex.aff(num, {}))
+    thm = rec.theorem  # the rule's choice: sumTo_strided for an untiled sum (div == 1)
     if div == 1:  # an untiled sum over [0, n): split ks adds the indices S·o + ks
-        thm, args = "sumTo_strided", (str(S), f"({n})")
+        args = (str(S), f"({n})")
         args_l = args
     else:
-        thm, args = "sumTo_split_k_strided", (f"({n})", str(div), str(S), str(div * S))
+        args = (f"({n})", str(div), str(S), str(div * S))
         args_l = (f"({_l(ex.aff(num, {}))})", str(div), str(S), str(div * S))
     inst = f"{thm} {' '.join(args)} ({_c(_lam_of(b))})"
     proof = f"intros.\n  etransitivity.\n  {{ apply ({inst}); lia. }}\n  derivc_congr."

@@ -21,6 +21,8 @@ import re
 from dataclasses import dataclass
 from typing import Union
 
+from .errors import EXCERPT_CONTEXT, clip, excerpt
+
 # Bounds that keep every later recursive pass (lowering, rules, interpreter, printers) far
 # from Python's recursion limit: a statement is at most this long, its brackets and calls
 # nest at most this deep, and its expression tree is at most this deep (a sum of n terms is n
@@ -38,7 +40,19 @@ COMPARISONS = ("<", "<=", ">", ">=", "==")
 
 
 class ParseError(Exception):
-    pass
+    """A statement that does not parse; `column` (1-based) is where, when known."""
+
+    def __init__(self, reason: str, column: int | None = None):
+        self.reason, self.column = reason, column
+        super().__init__(reason)
+
+    def shown_in(self, text: str) -> str:
+        """The reason first, then the statement cut around the failing column."""
+        text = text.rstrip()
+        if self.column is None:
+            return f"{self.reason}, in \"{clip(text, 2 * EXCERPT_CONTEXT)}\""
+        at = "" if "column" in self.reason else f" at column {self.column}"
+        return f"{self.reason}{at}, in \"{excerpt(text, self.column)}\""
 
 
 @dataclass(frozen=True)
@@ -116,13 +130,19 @@ class PStatement:
 
 
 def tokenize(text: str) -> list[str]:
+    return [tok for tok, _ in tokenize_at(text)]
+
+
+def tokenize_at(text: str) -> list[tuple[str, int]]:
+    """The tokens, each with the 1-based column it starts at."""
     out, pos = [], 0
     text = text.rstrip()
     while pos < len(text):
         m = TOKEN.match(text, pos)
         if not m or m.end() == pos:
-            raise ParseError(f"unexpected character {text[pos:].strip()[:1]!r} at column {pos + 1}")
-        out.append(m.group(m.lastindex))
+            col = pos + len(text[pos:]) - len(text[pos:].lstrip()) + 1
+            raise ParseError(f"unexpected character {text[col - 1]!r} at column {col}", col)
+        out.append((m.group(m.lastindex), m.start(m.lastindex) + 1))
         pos = m.end()
     return out
 
@@ -131,9 +151,16 @@ class _Parser:
     def __init__(self, text: str):
         if len(text) > MAX_STATEMENT_LENGTH:
             raise ParseError(f"statement longer than {MAX_STATEMENT_LENGTH} characters ({len(text)})")
-        self.toks = tokenize(text)
+        located = tokenize_at(text)
+        self.toks = [tok for tok, _ in located]
+        self.columns = [col for _, col in located]
+        self.end_column = len(text.rstrip()) + 1
         self.pos = 0
         self.nesting = 0
+
+    def column(self) -> int:
+        """Where the parser stands: the column of the token it looks at (or the end)."""
+        return self.columns[self.pos] if self.pos < len(self.columns) else self.end_column
 
     def enter(self) -> None:
         self.nesting += 1
@@ -154,10 +181,10 @@ class _Parser:
         return tok
 
     def name(self) -> str:
-        tok = self.take()
-        if not re.fullmatch(r"[A-Za-z_]\w*", tok):
+        tok = self.peek()
+        if tok is not None and not re.fullmatch(r"[A-Za-z_]\w*", tok):
             raise ParseError(f"expected a name, found {tok!r}")
-        return tok
+        return self.take()
 
     def statement(self) -> PStatement:
         tensor = self.name()
@@ -334,7 +361,13 @@ def expr_depth(e: PExpr) -> int:
 
 
 def parse_statement(text: str) -> PStatement:
-    st = _Parser(text).statement()
+    parser = _Parser(text)
+    try:
+        st = parser.statement()
+    except ParseError as exc:
+        if exc.column is None:
+            exc.column = parser.column()
+        raise
     depth = expr_depth(st.body)
     if depth > MAX_EXPR_DEPTH:
         raise ParseError(f"expression {depth} levels deep (limit {MAX_EXPR_DEPTH}; a sum of n terms is n deep): "

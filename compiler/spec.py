@@ -21,9 +21,10 @@ from typing import Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError, field_validator
 
-from .errors import SpecError, did_you_mean
+from .errors import SpecError, clip, did_you_mean, shown_value
 
 MAX_YAML_DEPTH = 32  # nesting of mappings / lists in a schedule file
+MAX_YAML_VALUES = 100_000  # scalars, lists and mappings of a schedule file, aliases expanded
 MAX_SIZE = 2**31 - 1  # sizes index with 32-bit arithmetic in the kernels
 
 Dtype = Literal["f16", "bf16", "f32", "f64"]
@@ -147,23 +148,57 @@ class SpecFile(BaseModel):
 
 class StrictLoader(yaml.SafeLoader):
     """YAML without surprises: duplicate keys are errors, numbers are YAML 1.2 numbers (so
-    `1e-6` is a float and `0x80`, `yes`, `1:30` stay strings), nesting is bounded."""
+    `1e-6` is a float and `0x80`, `yes`, `1:30` stay strings), merge keys are refused, and the
+    document is bounded as it is composed, before anything is built from it: at most
+    MAX_YAML_DEPTH levels and MAX_YAML_VALUES values, an alias counted as the whole value it
+    stands for.  An alias bomb (nine aliases of nine aliases ..., 9^9 values in a few lines) is
+    refused at the alias that crosses the bound; the aliases yaml.safe_dump writes for shared
+    values (`&id001` / `*id001`) stay readable."""
 
     yaml_implicit_resolvers: dict = {}
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         self._depth = getattr(self, "_depth", 0) + 1
         try:
+            event = self.peek_event()
+            line = f"line {event.start_mark.line + 1}"
             if self._depth > MAX_YAML_DEPTH:
-                mark = self.peek_event().start_mark
-                raise SpecError(f"line {mark.line + 1}", f"YAML nested deeper than {MAX_YAML_DEPTH} levels")
-            return super().compose_node(parent, index)
+                raise SpecError(line, f"YAML nested deeper than {MAX_YAML_DEPTH} levels")
+            node = super().compose_node(parent, index)
+            self._bound(node, line, event)
+            return node
         finally:
             self._depth -= 1
+
+    def _bound(self, node: Any, line: str, event: Any) -> None:
+        """Record the node's expanded size and height (its children are composed already);
+        refuse a document that expands beyond the bounds, or an alias of a node it lies in."""
+        expanded: dict[int, tuple[int, int]] = self.__dict__.setdefault("_expanded", {})
+        alias = isinstance(event, yaml.AliasEvent)
+        if alias and id(node) not in expanded:
+            raise SpecError(line, f"YAML alias *{clip(event.anchor, 40)} refers to a value it lies inside "
+                                  "(a recursive alias)")
+        if not alias:
+            kids = node.value if isinstance(node, yaml.SequenceNode) else \
+                [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else []
+            sizes = [expanded[id(k)] for k in kids]
+            expanded[id(node)] = (1 + sum(n for n, _ in sizes), 1 + max((h for _, h in sizes), default=0))
+        count, height = expanded[id(node)]
+        total = self.__dict__.get("_total", 0) + (count if alias else 1)
+        self._total = total
+        what = f"the alias *{clip(event.anchor, 40)}" if alias else "the document"
+        if total > MAX_YAML_VALUES:
+            raise SpecError(line, f"YAML holds more than {MAX_YAML_VALUES} values, {what} counted expanded "
+                                  "(an alias bomb?): refused before expanding it")
+        if alias and self._depth - 1 + height > MAX_YAML_DEPTH:
+            raise SpecError(line, f"YAML nested deeper than {MAX_YAML_DEPTH} levels through {what}")
 
     def construct_mapping(self, node: Any, deep: bool = False) -> dict:
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                raise SpecError(f"line {key_node.start_mark.line + 1}",
+                                "YAML merge keys (<<:) are not supported: write the fields out")
             key = self.construct_object(key_node, deep=True)
             line = key_node.start_mark.line + 1
             try:
@@ -200,7 +235,7 @@ def _check_raw(raw: dict[str, Any]) -> None:
             ok = (isinstance(x, int) and not isinstance(x, bool)) or (allow_dynamic and x == "dynamic")
             if not ok:
                 want = "a positive integer or dynamic" if allow_dynamic else "a positive integer"
-                got = f"the string {x!r}" if isinstance(x, str) else f"{type(x).__name__} {x!r}"
+                got = f"the string {shown_value(x)}" if isinstance(x, str) else f"{type(x).__name__} {shown_value(x)}"
                 raise SpecError(f"{field}.{k}", f"expected {want}, got {got}")
             if isinstance(x, int) and x <= 0:
                 raise SpecError(f"{field}.{k}", f"must be positive, got {x}")
@@ -244,10 +279,25 @@ def load_spec_file(path: str | Path) -> SpecFile:
     """Read and validate a schedule file; every failure is one SpecError naming the file."""
     path = Path(path)
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except OSError as exc:
         raise SpecError("file", f"cannot read: {exc.strerror}", str(path)) from None
-    return parse_spec_text(text, str(path))
+    return parse_spec_text(decode_spec_bytes(data, str(path)), str(path))
+
+
+def decode_spec_bytes(data: bytes, file: str) -> str:
+    """The file's text: UTF-8 (a byte-order mark allowed), no NUL byte; else one SpecError."""
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise SpecError(f"line {line}", f"not UTF-8 text at byte {exc.start} ({data[exc.start:exc.start + 1]!r}): "
+                                        "a schedule file is UTF-8 YAML", file) from None
+    nul = data.find(b"\0")
+    if nul >= 0:
+        line = data[:nul].count(b"\n") + 1
+        raise SpecError(f"line {line}", f"a NUL byte at byte {nul}: a binary file, not YAML text", file)
+    return text
 
 
 def parse_spec_text(text: str, file: str = "<string>") -> SpecFile:
@@ -257,6 +307,11 @@ def parse_spec_text(text: str, file: str = "<string>") -> SpecFile:
         raise exc.in_file(file) from None
     except RecursionError:
         raise SpecError("yaml", f"nested too deeply (limit {MAX_YAML_DEPTH} levels)", file) from None
+    except yaml.reader.ReaderError as exc:  # a character YAML does not allow (a control character)
+        line = text[:exc.position].count("\n") + 1
+        char = exc.character if isinstance(exc.character, int) else ord(exc.character)
+        raise SpecError(f"line {line}", f"character U+{char:04X} {chr(char)!r} (character {exc.position} of the "
+                                        "file) is not allowed in YAML text", file) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "yaml"

@@ -94,13 +94,13 @@ def build_spec(tmp_path: Path, spec: dict | Path, *extra: str) -> tuple[int, str
     return rc, err, out
 
 
-def assert_fails(yaml_text: str, code: int, *fragments: str, name: str = "bad.yaml") -> str:
-    """Build `yaml_text`; assert exit `code`, one error line naming the file and every
-    fragment (case-insensitive), and nothing left in the output's parent.  Returns the line."""
+def assert_fails(yaml_text: str | bytes, code: int, *fragments: str, name: str = "bad.yaml") -> str:
+    """Build `yaml_text` (or these bytes); assert exit `code`, one error line naming the file and
+    every fragment (case-insensitive), and nothing left in the output's parent.  Returns the line."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         spec = root / name
-        spec.write_text(yaml_text)
+        spec.write_bytes(yaml_text if isinstance(yaml_text, bytes) else yaml_text.encode())
         out = root / "out" / "build"
         rc, stdout, stderr = run_cli(["build", str(spec), "-o", str(out), "--no-codegen"])
         lines = [ln for ln in stderr.splitlines() if ln.strip()]

@@ -97,7 +97,8 @@ class Cache(Rule):
                 raise self.fail("an accumulator lives in registers (level: register)")
             if node.acc is not None:
                 raise self.fail(f"the sum over {p.accumulator} already has an accumulator ({node.acc.level} {node.acc.dtype})")
-            return {"accumulator": p.accumulator, "level": p.level, "dtype": p.dtype, "site": node}
+            return {"accumulator": p.accumulator, "level": p.level, "dtype": p.dtype, "site": node,
+                    "theorem": "cache_read"}
         t = p.tensor
         if t not in prog.input_map() and not prog.has_def(t):
             known = [n for n, _ in prog.inputs] + [x.name for x in prog.defs]
@@ -176,7 +177,7 @@ class Cache(Rule):
         return {
             "tensor": t, "buffer": name, "level": p.level, "stages": p.stages,
             "tile": [extents[v] for v in spanned], "reuse": reuse, "reuse_over": reuse_vars,
-            "zero_fill_dims": guards, "pattern": pattern, "site": scope_node,
+            "zero_fill_dims": guards, "pattern": pattern, "site": scope_node, "theorem": "cache_read2",
         }
 
     def _extents(self, prog: Program, d: Def) -> dict[str, int | None]:

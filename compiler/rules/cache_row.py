@@ -114,6 +114,7 @@ class CacheRow(Rule):
         name = p.name or fresh(f"{t}_row", taken)
         r0 = fresh("r0", taken | {name})
         return {"tensor": t, "buffer": name, "level": p.level, "row": [str(a) for a in lead], "size": n,
+                "theorem": "cache_read2",
                 "reads": len(reads), "index": r0, "site": d.body}
 
     def rewrite(self, prog: Program, p: CacheRowParams, facts: Facts) -> Program:

@@ -139,7 +139,7 @@ class OnlineAgg(Rule):
         if lexp is None or not alpha_equal(lexp[0], score) or lexp[1] != m_read:
             raise self.fail(f"{l_def.name} is not the sum of exp(s - {m_read.tensor}) over the same scores s")
         facts: Facts = {
-            "tile_index": jo, "tiles": str(ext), "tile": str(t_ext), "inner": ji,
+            "theorem": "online_agg_guard", "tile_index": jo, "tiles": str(ext), "tile": str(t_ext), "inner": ji,
             "masked": [str(c) for c in conds], "denominator": l_def.name, "shift": m_read.tensor,
             "removes": [l_def.name] + ([m_read.tensor] if prog.has_def(m_read.tensor) else []),
             "invariant": "l = exp(-m)·Σ exp(s), acc = exp(-m)·Σ exp(s)·v (any m)",
@@ -182,7 +182,7 @@ class OnlineAgg(Rule):
             if v in free_indices(at_score):
                 raise self.fail(f"the numerator of {p.def_} uses {v}, bound by {l_def.name}'s sum")
         facts: Facts = {
-            "plain": True, "tile_index": jo, "tiles": str(ext), "tile": str(t_ext), "inner": ji,
+            "plain": True, "theorem": "online_softmax", "tile_index": jo, "tiles": str(ext), "tile": str(t_ext), "inner": ji,
             "masked": [str(c) for c in conds], "denominator": l_def.name, "shift": m_read.tensor,
             "removes": [l_def.name] + ([m_read.tensor] if prog.has_def(m_read.tensor) else []),
             "invariant": "l = exp(-m)·Σ exp(s) (any m); the element is exp(a - m) / l",

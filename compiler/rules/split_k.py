@@ -34,6 +34,7 @@ from ..ir import (
     names_in_program, subst_index,
 )
 from ..names import name_problem
+from ..machine import DEVICE
 from . import register
 from .base import Facts, Rule, StepParams
 from .split_kv import with_chain
@@ -44,8 +45,8 @@ class SplitKParams(StepParams):
     """the plain definition holding the sum"""
     index: str
     """the sum's (tile) index divided among the splits"""
-    splits: int
-    """the number of splits S (at least 1)"""
+    splits: int = Field(le=min(DEVICE.grid_limits))
+    """the number of splits S (at least 1; they run as blocks of one grid axis)"""
     split_index: str = "ks"
     """the new loop over the splits"""
     name: str = ""
@@ -111,7 +112,9 @@ class SplitK(Rule):
             raise self.fail(f"the sum over {p.index} runs to {site.ext}, a min of several extents")
         if site.acc is not None or site.mma is not None:
             raise self.fail(f"the sum over {p.index} is already mapped (split before cache / map_mma)")
+        strided = site.ext.single()[1] == 1  # an untiled sum: split ks adds the indices S·o + ks
         return {"site": site, "splits": p.splits, "tiles": str(site.ext), "partial": _part_name(p),
+                "theorem": "sumTo_strided" if strided else "sumTo_split_k_strided",
                 "assignment": f"split {p.split_index} adds tiles {p.splits}*{p.index} + {p.split_index}"}
 
     def rewrite(self, prog: Program, p: SplitKParams, facts: Facts) -> Program:

@@ -46,6 +46,7 @@ from ..ir import (
 )
 from ..names import name_problem
 from ..kernel_view import CHAIN_FACT
+from ..machine import DEVICE
 from . import register
 from .base import Facts, Rule, StepParams
 from .fold_stat import online_pair
@@ -56,8 +57,8 @@ class SplitKvParams(StepParams):
     """the plain definition ending in ONLINE-AGG's fold"""
     index: str
     """the fold's key-tile index divided among the splits"""
-    splits: int
-    """the number of splits S (at least 2)"""
+    splits: int = Field(le=min(DEVICE.grid_limits))
+    """the number of splits S (at least 2; they run as blocks of one grid axis)"""
     split_index: str = "ks"
     """the new loop over the splits"""
     name: str = ""
@@ -111,7 +112,8 @@ class SplitKv(Rule):
                             f"{d.name}[loops]): split before tiling or mapping its loops")
         if len(d.loops) < 1:
             raise self.fail(f"{d.name} has no loop")
-        return {"site": fold, "m": m, "l": l, "acc": acc, "tiles": str(fold.ext), "splits": p.splits,
+        return {"theorem": "online_merge_global", "site": fold, "m": m, "l": l, "acc": acc, "tiles": str(fold.ext),
+                "splits": p.splits,
                 "partials": list(_partial_names(p)),
                 "assignment": f"split {p.split_index} folds tiles {p.splits}*{p.index} + {p.split_index}"}
 

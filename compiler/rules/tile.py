@@ -19,7 +19,9 @@ from dataclasses import replace
 
 from pydantic import Field
 
+from ..errors import StepInputError
 from ..names import ALL_RESERVED
+from ..spec import MAX_SIZE
 from ..ir import Aff, Cond, Const, Ext, Loop, Program, Reduce, names_in_program, fresh, subst_index
 from . import register
 from .base import Facts, Rule, StepParams, const_extent, find_binder, guarded, replace_node
@@ -30,8 +32,8 @@ class TileParams(StepParams):
     """the definition whose loop or reduction is tiled"""
     index: str
     """the loop or summed / maxed index to split into outer * size + inner"""
-    size: int = Field(ge=1)
-    """the tile size"""
+    size: int = Field(ge=1, le=MAX_SIZE)
+    """the tile size (at most the largest size: 32-bit indices)"""
     guard: bool | None = None
     """omitted: guard exactly when needed; false: demand that size divides a fixed extent"""
     outer: str | None = None
@@ -68,8 +70,9 @@ class Tile(Rule):
         if p.guard is False and not divides:
             why = f"{ext} is dynamic" if n is None else f"{p.size} does not divide {ext} = {n}"
             raise self.fail(f"tile size {p.size} of {p.index} needs a guard ({why}) but guard: false was given")
-        if n is not None and p.size > n:
-            raise self.fail(f"tile size {p.size} exceeds the extent {ext} = {n} of {p.index}")
+        if n is not None and p.size > n:  # bad input, not a failed derivation: the extent is known
+            raise StepInputError(self.name, f"parameter size: tile size {p.size} exceeds the extent {ext} = {n} "
+                                            f"of {p.index} (a tile is at most the extent it tiles)")
         taken = names_in_program(prog)
         avoid = taken | ALL_RESERVED  # a default name must not be a keyword either (d → do)
         outer = p.outer or fresh(p.index + "o", avoid)
