@@ -27,13 +27,14 @@ BACKWARD = ("dV", "dK", "dQ")
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("prefix_lm_grad") / "build"
-    proc = _build(EXAMPLE, out)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return out
+def built(example_build) -> Path:
+    """The example's build (the run's shared one, conftest.example_build)."""
+    b = example_build(EXAMPLE)
+    assert b.rc == 0, b.stderr[-2000:]
+    return b.out
 
 
+@pytest.mark.xdist_group("example-attention_prefix_lm_grad")  # with the build it reads
 def test_backward_kernels_map_to_score_sum_with_the_disjunction_printed(built):
     manifest = json.loads((built / "grad.json").read_text())
     assert [k["name"] for k in manifest["kernels"]] == ["Dsum", "dV", "dK", "dQ"]
@@ -99,6 +100,7 @@ def _prefix_backward(q, k, v, do, prefix: int) -> tuple[np.ndarray, dict[str, np
                    "V": np.swapaxes(p, -1, -2) @ do}
 
 
+@pytest.mark.xdist_group("example-attention_prefix_lm_grad")  # with the build it reads
 @pytest.mark.parametrize("n,prefix", [(130, 100), (77, 200)], ids=["crossing-the-diagonal", "beyond-N"])
 def test_emulated_backward_matches_float64(built, n: int, prefix: int):
     """Prefix = 100 at N = 130 crosses the diagonal in the second 64-row tile (key tile 1 reaches
