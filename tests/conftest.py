@@ -272,6 +272,20 @@ def example_build(tmp_path_factory) -> Callable[..., SharedBuild]:
     return get
 
 
+@pytest.fixture(scope="session")
+def mutant_env(tmp_path_factory) -> Callable[[Path], dict[str, str]]:
+    """env(copy) -> the environment of a subprocess build from a mutated copy of the packages:
+    PYTHONPATH the copy; $DERIVC_CHECK_CACHE the run's (compiler.checkcache): the mutations of
+    one example rebuild it at one seed with only codegen changed, so its derivation's numeric
+    checks run once per run (a mutation under compiler/ changes the key)."""
+    import os
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # share .../pytest-N between the workers
+    return lambda copy: {**os.environ, "PYTHONPATH": str(copy), "DERIVC_CHECK_CACHE": str(root / "check-cache")}
+
+
 @pytest.fixture(scope="session", autouse=True)
 def coqc_once_per_obligation(tmp_path_factory):
     """Within one test run, coqc checks each obligation text against each compiled library

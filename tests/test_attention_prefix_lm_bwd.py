@@ -8,7 +8,6 @@ step."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 from pathlib import Path
@@ -140,11 +139,11 @@ MUTATIONS = (
 
 
 @pytest.mark.parametrize("m", MUTATIONS, ids=[m.name for m in MUTATIONS])
-def test_mutation_fails_at_a_backward_kernel_step(m: Mutation, tmp_path: Path) -> None:
+def test_mutation_fails_at_a_backward_kernel_step(m: Mutation, tmp_path: Path, mutant_env) -> None:
     _copy(tmp_path)
     apply_mutation(m, tmp_path)
     out = tmp_path / "out"
-    proc = _build(EXAMPLE, out, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    proc = _build(EXAMPLE, out, cwd=tmp_path, env=mutant_env(tmp_path))
     err = proc.stderr.strip()
     assert proc.returncode == 3, f"{m.name}: the mutated build exited {proc.returncode}: {err[-600:]}"
     assert "kernel:" in err and re.search(r": d[QKV]: relative error", err), f"{m.name}: not dV / dK / dQ's kernel step: {err[-600:]}"
