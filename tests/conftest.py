@@ -244,7 +244,7 @@ def example_build(tmp_path_factory) -> Callable[..., SharedBuild]:
     proofs) of each spec once per test run, shared by the tests of every module and by the xdist
     workers (a file lock per build under the run's temporary directory; the tests of one
     example run on one worker, so the lock is rarely waited on).  The builds are read-only: a
-    test that changes a build copies it first."""
+    test that changes a build copies it first; a test that patches the compiler builds its own."""
     import fcntl
     import hashlib
     import json
