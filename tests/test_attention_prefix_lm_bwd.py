@@ -51,7 +51,7 @@ def test_backward_kernels_map_to_score_sum_with_the_disjunction_printed(built):
         assert f"((({j}) <= ({i})) || (({j}) < (sz_Prefix)))" in src, k
 
 
-def test_skip_masked_on_dq_is_refused_by_name(tmp_path):
+def test_skip_masked_on_dq_is_refused_by_name(tmp_path, mutant_env):
     """dQ's key tiles end at max(diagonal, prefix): MASK has no extent for it, so the schedule leaves
     skip_masked out; asking for it is refused by name, not mis-derived."""
     text = EXAMPLE.read_text()
@@ -59,7 +59,7 @@ def test_skip_masked_on_dq_is_refused_by_name(tmp_path):
     assert at in text
     spec = tmp_path / EXAMPLE.name
     spec.write_text(text.replace(at, at + "        - {rule: skip_masked, def: dQ, index: jo}\n"))
-    proc = _build(spec, tmp_path / "out")
+    proc = _build(spec, tmp_path / "out", env=mutant_env())  # the steps before it: the mutations' checks
     assert proc.returncode != 0
     assert "skip_masked" in proc.stderr and "only through a disjunction" in proc.stderr, proc.stderr[-1000:]
 
