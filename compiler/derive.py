@@ -176,7 +176,10 @@ def numeric_check(rule: str, ir0: Program, new: Program, plan: DrawPlan, seed: i
     relative to the output's norm (OUTPUT_SCALE), or with TERMS_SCALE to the norm of the
     magnitudes of the terms the output is computed from (compiler/magnitude.py): a gradient is a
     sum that cancels, its rounding is measured against what was summed."""
-    return [_check_draw(rule, ir0, new, plan, draw, error_scale) for draw in plan.draws(seed)]
+    from .checkcache import cached
+
+    return cached(("numeric_check", rule, ir0, new, plan, seed, error_scale),
+                  lambda: [_check_draw(rule, ir0, new, plan, draw, error_scale) for draw in plan.draws(seed)])
 
 
 def _check_draw(rule: str, ir0: Program, new: Program, plan: DrawPlan, draw: Draw, error_scale: str) -> dict[str, Any]:

@@ -26,6 +26,7 @@ import numpy as np
 from .interp import (
     UNARY, InterpError, _Env, _lift, _norm, _read, _top, def_env, pick_at, softmax_keep, softmax_rows, store_def,
 )
+from .interp_matmul import _all, _axes, _matmul_sum
 from .ir import Bin, Const, Def, Expr, IndexValue, Program, Read, Reduce, Select, Softmax, Un
 
 Pair = tuple[np.ndarray, np.ndarray]  # (value, magnitude), broadcast over the index stack
@@ -111,6 +112,10 @@ def _unary(op: str, a: Pair) -> Pair:
 
 
 def _reduce(env: _Env, menv: _Env, e: Reduce) -> Pair:
+    if e.op == "sum":
+        contracted = _sum_of_product(env, menv, e)
+        if contracted is not None:
+            return contracted
     n = env.ext(e.ext)
     env.push(e.var, _top(n))
     try:
@@ -129,6 +134,42 @@ def _reduce(env: _Env, menv: _Env, e: Reduce) -> Pair:
             # an element at -inf (a masked one) never is the max of a row that has another
             return np.where(live, v, -np.inf).max(axis=-1), np.where(live & (v > -np.inf), m, 0.0).max(axis=-1)
     raise InterpError(f"unknown reduction {e.op}")
+
+
+def _sum_of_product(env: _Env, menv: _Env, e: Reduce) -> Pair | None:
+    """sum(var: [conds] ? a·b : 0) and its M = Σ M(a)|b| + |a|M(b) through matrix products, as
+    the interpreter contracts its sums (compiler/interp.py: not materialised over the whole
+    index space); elementwise when a term is not finite (IEEE's NaN / ±inf rules); None when
+    the sum is not one of a product."""
+    conds, body = [], e.body
+    while isinstance(body, Select) and isinstance(body.other, Const) and body.other.value == 0.0:
+        conds.extend(body.conds)
+        body = body.then
+    if not (isinstance(body, Bin) and body.op == "*"):
+        return None
+    n = env.ext(e.ext)
+    top = _top(n)
+    if top == 0:
+        return None
+    env.push(e.var, top)
+    try:
+        a, b = _pair(env, menv, body.a), _pair(env, menv, body.b)
+        masks = [env.cond((c,)) for c in conds] + [env.index(e.var) < _lift(n, env.depth)]
+    finally:
+        env.pop()
+    a, b = (np.broadcast_arrays(*x) for x in (a, b))
+    shape_a, shape_b = a[0].shape, b[0].shape
+    # each guard zeroes the operand whose axes cover it (one covering neither zeroes a)
+    in_a = [m for m in masks if _axes(m) <= _axes(a[0]) or not _axes(m) <= _axes(b[0])]
+    in_b = [m for m in masks if _axes(m) <= _axes(b[0])]
+    keep_a, keep_b = _all(in_a, shape_a), _all(in_b, shape_b)
+    (av, am), (bv, bm) = ([np.where(keep, x, 0.0) for x in pair] for keep, pair in ((keep_a, a), (keep_b, b)))
+    if all(np.isfinite(x).all() for x in (av, am, bv, bm)):
+        return _matmul_sum(av, bv), _matmul_sum(am, np.abs(bv)) + _matmul_sum(np.abs(av), bm)
+    tv, tm = _binary("*", a, b)
+    live = _all(masks, np.broadcast_shapes(tv.shape, tm.shape, *(m.shape for m in masks)))
+    with np.errstate(all="ignore"):
+        return np.where(live, tv, 0.0).sum(axis=-1), np.where(live, tm, 0.0).sum(axis=-1)
 
 
 def _softmax(env: _Env, menv: _Env, e: Softmax) -> Pair:

@@ -19,9 +19,9 @@ import contextlib
 import io
 import sys
 import tempfile
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 import yaml
@@ -194,16 +194,20 @@ def test_rules(monkeypatch):
 # gathered in the same process.
 
 ONE_WORKER_MODULES = frozenset({
-    "test_packaging.py", "test_codegen_examples.py", "test_proof_library.py", "test_obligations_mutation.py",
-    "test_rules_property.py",
+    "test_packaging.py", "test_proof_library.py", "test_obligations_mutation.py", "test_rules_property.py",
 })
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups off the markers
 def pytest_collection_modifyitems(config, items):
     for item in items:
+        stem = example_of(item)
         if item.path.name in ONE_WORKER_MODULES:
             item.add_marker(pytest.mark.xdist_group(item.path.stem))
+        elif stem is not None and not item.get_closest_marker("xdist_group"):
+            # every test of one example on one worker: the first builds it (example_build), the
+            # others read that build
+            item.add_marker(pytest.mark.xdist_group(f"example-{stem}"))
         elif item.path.name == "test_obligations.py" and hasattr(item, "callspec"):
             # the tests of one example check the same obligations: one after the other, the
             # later ones find coqc's results (coqc_once_per_obligation)
@@ -248,6 +252,79 @@ def _locked(path: Path):
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def example_of(item: pytest.Item) -> str | None:
+    """The example a test is parametrized over (a path under examples/, parameter `example`)."""
+    value = getattr(item, "callspec", None) and item.callspec.params.get("example")
+    return value.stem if isinstance(value, Path) and value.parent == EXAMPLES_DIR else None
+
+
+# --------------------------------------------------------------------------- one build per example per run
+
+EXAMPLES_DIR = ROOT / "examples"
+NO_KERNEL = frozenset({"attention_naive", "attention_tiled_two_pass"})  # derivation branches without one fused kernel
+BUILD_ARGS = ("--seed", "0", "--no-proofs")
+
+
+@dataclass(frozen=True)
+class SharedBuild:
+    """The result of `derivc build SPEC -o out --seed 0 --no-proofs [--no-codegen]`."""
+
+    rc: int
+    stderr: str
+    out: Path
+
+
+@pytest.fixture(scope="session")
+def example_build(tmp_path_factory) -> Callable[..., SharedBuild]:
+    """get(spec path, codegen=True) -> SharedBuild: `derivc build` (in-process, seed 0, no
+    proofs) of each spec once per test run, shared by the tests of every module and by the xdist
+    workers (a file lock per build under the run's temporary directory; the tests of one
+    example run on one worker, so the lock is rarely waited on).  The builds are read-only: a
+    test that changes a build copies it first; a test that patches the compiler builds its own."""
+    import fcntl
+    import hashlib
+    import json
+    import os
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # .../pytest-N/popen-gwK: share .../pytest-N between the workers
+    root = root / "example-builds"
+    root.mkdir(exist_ok=True)
+
+    def get(spec: Path, codegen: bool = True) -> SharedBuild:
+        spec = Path(spec).resolve()
+        args = [*BUILD_ARGS, *([] if codegen else ["--no-codegen"])]
+        key = hashlib.sha256(json.dumps([str(spec), spec.read_text(), args]).encode()).hexdigest()[:16]
+        out, result = root / f"{spec.stem}-{key}", root / f"{spec.stem}-{key}.json"
+        with open(root / f"{spec.stem}-{key}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not result.exists():
+                rc, _, err = run_cli(["build", str(spec), "-o", str(out), *args])
+                result.write_text(json.dumps({"rc": rc, "stderr": err}))
+        r = json.loads(result.read_text())
+        return SharedBuild(r["rc"], r["stderr"], out)
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def mutant_env(tmp_path_factory) -> Callable[..., dict[str, str]]:
+    """env(copy=None) -> the environment of a subprocess build (from a mutated copy of the
+    packages: PYTHONPATH the copy) with the run's $DERIVC_CHECK_CACHE (compiler.checkcache): the
+    mutations of one example rebuild it at one seed with only codegen changed, so its
+    derivation's numeric checks run once per run (a mutation under compiler/ changes the key)."""
+    import os
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # share .../pytest-N between the workers
+    def env(copy: Path | None = None) -> dict[str, str]:
+        return {**os.environ, **({"PYTHONPATH": str(copy)} if copy else {}), "DERIVC_CHECK_CACHE": str(root / "check-cache")}
+
+    return env
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -7,7 +7,6 @@ template fail the build at the kernel step."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -33,13 +32,14 @@ def _build(example: Path, out: Path, cwd: Path = ROOT, env: dict | None = None) 
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("fa_grad_mma") / "build"
-    proc = _build(EXAMPLE, out)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return out
+def built(example_build) -> Path:
+    """The example's build (the run's shared one, conftest.example_build)."""
+    b = example_build(EXAMPLE)
+    assert b.rc == 0, b.stderr[-2000:]
+    return b.out
 
 
+@pytest.mark.xdist_group("example-flash_attention_grad_mma")  # with the build it reads
 def test_backward_kernels_are_printed_on_mma_sync(built):
     manifest = json.loads((built / "grad.json").read_text())
     assert [k["name"] for k in manifest["kernels"]] == ["Dsum", "dV", "dK", "dQ"]
@@ -82,6 +82,7 @@ def _attention_backward(q, k, v, do, causal=True, mask=None):
     return o, {"Q": dq, "K": dk, "V": dv}
 
 
+@pytest.mark.xdist_group("example-flash_attention_grad_mma")  # with the build it reads
 def test_emulated_backward_matches_float64(built):
     import derivc
 
@@ -278,14 +279,15 @@ def test_sliding_window_narrows_both_ends_of_the_tile_range():
         assert "sz_W" in line, (name, line)
 
 
-def test_strict_causal_row_zero_has_zero_gradients(tmp_path):
+@pytest.mark.xdist_group("example-attention_strict_causal_grad")
+def test_strict_causal_row_zero_has_zero_gradients(example_build):
     """j < i: query 0 sees no key (LSE = -inf): the emulated backward gives exact zeros in its dQ
     row and in O, no NaN anywhere, and matches float64 elsewhere."""
     import derivc
 
-    out = tmp_path / "strict"
-    proc = _build(ROOT / "examples" / "attention_strict_causal_grad.yaml", out)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    b = example_build(ROOT / "examples" / "attention_strict_causal_grad.yaml")
+    assert b.rc == 0, b.stderr[-2000:]
+    out = b.out
     assert json.loads((out / "grad" / "dQ" / "plan.json").read_text())["mapping"] == "score_sum_mma_sync"
     t = derivc.load_training(out, device="emu")
     rng = np.random.default_rng(5)
@@ -389,11 +391,11 @@ MUTATIONS = (
 
 
 @pytest.mark.parametrize("m", MUTATIONS, ids=[m.name for m in MUTATIONS])
-def test_mutation_fails_at_the_kernel_step(m: Mutation, tmp_path: Path) -> None:
+def test_mutation_fails_at_the_kernel_step(m: Mutation, tmp_path: Path, mutant_env) -> None:
     _copy(tmp_path)
     apply_mutation(m, tmp_path)
     out = tmp_path / "out"
-    proc = _build(ROOT / "examples" / m.example, out, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    proc = _build(ROOT / "examples" / m.example, out, cwd=tmp_path, env=mutant_env(tmp_path))
     err = proc.stderr.strip()
     assert proc.returncode == 3, f"{m.name}: the mutated build exited {proc.returncode}: {err[-600:]}"
     assert "kernel:" in err, f"{m.name}: failed, but not at the kernel step: {err[-600:]}"

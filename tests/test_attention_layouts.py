@@ -289,12 +289,12 @@ def test_parallel_step_records_the_shared_axis(tmp_path):
 
 # ------------------------------------------------------------------ the examples through NVRTC / SASS
 @pytest.mark.parametrize("example", ["flash_attention_wgmma_bnhd", "attention_gqa"])
-def test_new_examples_build_to_wgmma_kernels(example, tmp_path):
+def test_new_examples_build_to_wgmma_kernels(example, example_build):
     from codegen.cuda.nvrtc import nvrtc_available
-    from compiler.cli import build_to
 
-    out = tmp_path / example
-    build_to(ROOT / "examples" / f"{example}.yaml", out, seed=0, proofs=False)
+    b = example_build(ROOT / "examples" / f"{example}.yaml")  # the run's shared build (seed 0)
+    assert b.rc == 0, b.stderr
+    out = b.out
     plan = json.loads((out / "plan.json").read_text())
     assert plan["mapping"] == "online_fold_wgmma"
     src = (out / "kernel.cu").read_text()

@@ -8,7 +8,6 @@ step."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 from pathlib import Path
@@ -27,13 +26,14 @@ BACKWARD = ("dV", "dK", "dQ")
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("prefix_lm_grad") / "build"
-    proc = _build(EXAMPLE, out)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return out
+def built(example_build) -> Path:
+    """The example's build (the run's shared one, conftest.example_build)."""
+    b = example_build(EXAMPLE)
+    assert b.rc == 0, b.stderr[-2000:]
+    return b.out
 
 
+@pytest.mark.xdist_group("example-attention_prefix_lm_grad")  # with the build it reads
 def test_backward_kernels_map_to_score_sum_with_the_disjunction_printed(built):
     manifest = json.loads((built / "grad.json").read_text())
     assert [k["name"] for k in manifest["kernels"]] == ["Dsum", "dV", "dK", "dQ"]
@@ -51,7 +51,7 @@ def test_backward_kernels_map_to_score_sum_with_the_disjunction_printed(built):
         assert f"((({j}) <= ({i})) || (({j}) < (sz_Prefix)))" in src, k
 
 
-def test_skip_masked_on_dq_is_refused_by_name(tmp_path):
+def test_skip_masked_on_dq_is_refused_by_name(tmp_path, mutant_env):
     """dQ's key tiles end at max(diagonal, prefix): MASK has no extent for it, so the schedule leaves
     skip_masked out; asking for it is refused by name, not mis-derived."""
     text = EXAMPLE.read_text()
@@ -59,7 +59,7 @@ def test_skip_masked_on_dq_is_refused_by_name(tmp_path):
     assert at in text
     spec = tmp_path / EXAMPLE.name
     spec.write_text(text.replace(at, at + "        - {rule: skip_masked, def: dQ, index: jo}\n"))
-    proc = _build(spec, tmp_path / "out")
+    proc = _build(spec, tmp_path / "out", env=mutant_env())  # the steps before it: the mutations' checks
     assert proc.returncode != 0
     assert "skip_masked" in proc.stderr and "only through a disjunction" in proc.stderr, proc.stderr[-1000:]
 
@@ -99,6 +99,7 @@ def _prefix_backward(q, k, v, do, prefix: int) -> tuple[np.ndarray, dict[str, np
                    "V": np.swapaxes(p, -1, -2) @ do}
 
 
+@pytest.mark.xdist_group("example-attention_prefix_lm_grad")  # with the build it reads
 @pytest.mark.parametrize("n,prefix", [(130, 100), (77, 200)], ids=["crossing-the-diagonal", "beyond-N"])
 def test_emulated_backward_matches_float64(built, n: int, prefix: int):
     """Prefix = 100 at N = 130 crosses the diagonal in the second 64-row tile (key tile 1 reaches
@@ -138,11 +139,11 @@ MUTATIONS = (
 
 
 @pytest.mark.parametrize("m", MUTATIONS, ids=[m.name for m in MUTATIONS])
-def test_mutation_fails_at_a_backward_kernel_step(m: Mutation, tmp_path: Path) -> None:
+def test_mutation_fails_at_a_backward_kernel_step(m: Mutation, tmp_path: Path, mutant_env) -> None:
     _copy(tmp_path)
     apply_mutation(m, tmp_path)
     out = tmp_path / "out"
-    proc = _build(EXAMPLE, out, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    proc = _build(EXAMPLE, out, cwd=tmp_path, env=mutant_env(tmp_path))
     err = proc.stderr.strip()
     assert proc.returncode == 3, f"{m.name}: the mutated build exited {proc.returncode}: {err[-600:]}"
     assert "kernel:" in err and re.search(r": d[QKV]: relative error", err), f"{m.name}: not dV / dK / dQ's kernel step: {err[-600:]}"

@@ -11,10 +11,10 @@ import yaml
 
 from codegen.cuda.nvrtc import nvrtc_available
 from compiler.cli import build_to
+from derivc_testing import EXAMPLES_DIR, NO_KERNEL
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
-NO_KERNEL = {"attention_naive", "attention_tiled_two_pass"}  # derivation branches without a single fused kernel
 # builds with gradients take 10-35 s each (every backward kernel runs on the CPU): one stays in the
 # quick set, the others are marked slow (CI runs them; `-m 'not slow'` leaves them out)
 QUICK_GRAD = {"flash_attention_grad"}
@@ -31,11 +31,16 @@ def test_ci_has_nvrtc():
 
 
 @pytest.fixture(scope="module")
-def builds(tmp_path_factory):
+def builds(tmp_path_factory, example_build):
+    """get(spec) -> its build directory (seed 0, no proofs); an example's is the run's shared one."""
     root = tmp_path_factory.mktemp("kernels")
     cache: dict[str, Path] = {}
 
     def get(path: Path) -> Path:
+        if path.parent == EXAMPLES_DIR:
+            b = example_build(path)
+            assert b.rc == 0, b.stderr
+            return b.out
         if path.stem not in cache:
             out = root / path.stem
             build_to(path, out, seed=0, proofs=False)
@@ -46,14 +51,15 @@ def builds(tmp_path_factory):
 
 
 @pytest.mark.parametrize("example", [_marked(p) for p in EXAMPLES])
-def test_example_kernel_compiles_and_keeps_promises(example: Path, builds, tmp_path):
+def test_example_kernel_compiles_and_keeps_promises(example: Path, builds, example_build, tmp_path):
     if example.stem in NO_KERNEL:  # derives and checks, but has no kernel: the build says so (exit 3)
         from compiler.cli import BuildError
 
         with pytest.raises(BuildError, match="definitions"):
             build_to(example, tmp_path / "out", seed=0, proofs=False)
         assert not (tmp_path / "out").exists()
-        build_to(example, tmp_path / "derived", seed=0, proofs=False, codegen=False)
+        derived = example_build(example, codegen=False)
+        assert derived.rc == 0, derived.stderr
         return
     out = builds(example)
     if (out / "kernels.json").exists():  # a chain of kernels (split-KV decode): each one, in order

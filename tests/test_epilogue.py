@@ -324,15 +324,17 @@ def _build(path: Path, out: Path):
 
 @pytest.mark.parametrize("name,reads", [("gemm_bias_relu", ["bias"]), ("gemm_bias_gelu", ["bias"]),
                                         ("gemm_residual", ["bias", "C0"])])
-def test_examples_build_with_their_epilogue(name, reads, tmp_path):
+def test_examples_build_with_their_epilogue(name, reads, example_build):
     import json
 
     from codegen.cuda.nvrtc import nvrtc_available
 
-    plan = _build(EX / f"{name}.yaml", tmp_path / name)
+    b = example_build(EX / f"{name}.yaml")  # the run's shared build (seed 0)
+    assert b.rc == 0, b.stderr
+    plan = json.loads((b.out / "plan.json").read_text())
     epi = plan["plan"]["epilogue"]
     assert plan["mapping"] == "contraction_wgmma" and [t["name"] for t in epi["tensors"]] == reads
-    src = (tmp_path / name / "kernel_tma.cu").read_text()
+    src = (b.out / "kernel_tma.cu").read_text()
     assert "auto epi = " in src and "epi(acc[mi][4 * j]" in src
     for r in reads:
         assert f"p_e_{r}" in src.split(f"derivc_{name}(const")[1].split(")")[0]  # a kernel parameter
@@ -341,7 +343,7 @@ def test_examples_build_with_their_epilogue(name, reads, tmp_path):
     if not nvrtc_available():
         pytest.skip("NVRTC not installed")
     for stem in ("sass", "kernel_tma.sass"):
-        sass = json.loads((tmp_path / name / f"{stem}.json").read_text())
+        sass = json.loads((b.out / f"{stem}.json").read_text())
         assert sass["violations"] == [] and sass["hgmma"] and sass["local_memory_ops"] == 0
 
 

@@ -22,10 +22,11 @@ KERNELS = ("", "grad/D/", "grad/dX/")
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("f64") / "build"
-    build_to(EXAMPLE, out, seed=0, proofs=False)
-    return out
+def built(example_build) -> Path:
+    """The example's build (the run's shared one, seed 0)."""
+    b = example_build(EXAMPLE)
+    assert b.rc == 0, b.stderr
+    return b.out
 
 
 def test_every_kernel_is_simt_in_double_and_checked_at_f64_precision(built):

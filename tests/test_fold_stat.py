@@ -183,11 +183,10 @@ def test_simt_prints_both_outputs_and_a_mapping_without_them_refuses_by_name(tmp
         print_kernel(kernel, ())
 
 
-def test_the_backward_reads_the_forwards_lse(tmp_path):
-    from compiler.cli import build_to
-
-    out = tmp_path / "grad"
-    build_to(ROOT / "examples" / "flash_attention_grad.yaml", out, proofs=False)
+def test_the_backward_reads_the_forwards_lse(example_build):
+    b = example_build(ROOT / "examples" / "flash_attention_grad.yaml")  # the run's shared build (seed 0)
+    assert b.rc == 0, b.stderr
+    out = b.out
     manifest = json.loads((out / "grad.json").read_text())
     assert sorted(manifest["saved"]) == ["LSE", "O"]
     assert [k["name"] for k in manifest["kernels"]] == ["dV", "dK", "dQ"]

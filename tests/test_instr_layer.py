@@ -22,19 +22,20 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from codegen.build import prepare  # noqa: E402
+from codegen.build import kernel_name  # noqa: E402
+from codegen.kir.lower import lower  # noqa: E402
 from codegen.mappings.ctx_common import DEFAULT_OPTIONS  # noqa: E402
 from codegen.mappings import REGISTRY, print_kernel  # noqa: E402
 from codegen.mappings.render_attn_wgmma import render_attn_wgmma  # noqa: E402
 from codegen.mappings.render_wgmma import render_wgmma  # noqa: E402
 from compiler.derive import derive  # noqa: E402
 from compiler.spec import load_spec_file  # noqa: E402
+from derivc_testing import NO_KERNEL  # noqa: E402
 from plankit import attention, gemm, mask  # noqa: E402
 from specgen import cases  # noqa: E402
 
 BEGIN = "/* ---- instruction wrappers (constructs/instr.cu.j2)"
 END = "/* ---- end of instruction wrappers ---- */"
-NO_KERNEL = {"attention_naive", "attention_tiled_two_pass"}
 EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.yaml") if p.stem not in NO_KERNEL)
 GENERATED = [c for c in cases(12, seed=11) if c.mapping != "refuse"]
 
@@ -116,20 +117,21 @@ void bar_sync(int id, int count);
 
 @lru_cache(maxsize=None)
 def _derived_sources(path: str) -> tuple[tuple[str, str, str], ...]:
-    """(mapping, stem, CUDA text) of every variant of the spec's kernel and of its backward kernels."""
+    """(mapping, stem, CUDA text) of every variant of the spec's kernel and of its backward kernels.
+    Derived and lowered without the numeric checks: the builds of the same specs check those
+    (test_cli / test_codegen_examples for the examples, test_differential for the generated ones)."""
     from compiler.derive_grad import derive_gradient
     from compiler.kernel_chain import chain_of, kernel_derivations
 
     spec = load_spec_file(Path(path))
-    derivations = [derive(spec, path, seed=5)]
+    derivations = [derive(spec, path, seed=5, check=False)]
     if chain_of(derivations[0]):  # a chain of kernels (split-KV decode): each kernel's text
         derivations = kernel_derivations(derivations[0])
     if spec.grad is not None:
-        derivations += derive_gradient(spec, path, seed=5).kernels
+        derivations += derive_gradient(spec, path, seed=5, check=False).kernels
     out = []
     for d in derivations:
-        kernel, _ = prepare(d)
-        printed = print_kernel(kernel, DEFAULT_OPTIONS)
+        printed = print_kernel(lower(d.final, kernel_name(d)), DEFAULT_OPTIONS)
         out += [(printed.mapping, v.stem, v.source.source) for v in printed.variants]
     return tuple(out)
 
@@ -229,14 +231,27 @@ def check_layer(text: str) -> None:
     assert len(defined) == len(set(defined)), "a wrapper printed twice"
 
 
-def check_emulation_parses(text: str, tmp_path: Path) -> None:
+GXX = ("g++", "-std=c++17", "-Wno-unknown-pragmas", "-DDERIVC_EMU")
+
+
+@pytest.fixture(scope="module")
+def stub(tmp_path_factory) -> Path:
+    """derivc_emu_stub.h beside its precompiled header (g++ reads the .gch in its place: the
+    standard headers are parsed once per module, not once per kernel)."""
     if shutil.which("g++") is None:
         pytest.skip("no host C++ compiler")
-    stub, kernel = tmp_path / "derivc_emu_stub.h", tmp_path / "kernel.cu"
-    stub.write_text(STUB)
+    header = tmp_path_factory.mktemp("stub") / "derivc_emu_stub.h"
+    header.write_text(STUB)
+    r = subprocess.run([*GXX, "-x", "c++-header", str(header), "-o", f"{header}.gch"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return header
+
+
+def check_emulation_parses(text: str, stub: Path, tmp_path: Path) -> None:
+    kernel = tmp_path / "kernel.cu"
     kernel.write_text(text)
-    r = subprocess.run(["g++", "-std=c++17", "-fsyntax-only", "-Wno-unknown-pragmas", "-DDERIVC_EMU",
-                        "-include", str(stub), "-x", "c++", str(kernel)], capture_output=True, text=True)
+    r = subprocess.run([*GXX, "-fsyntax-only", "-include", str(stub), "-x", "c++", str(kernel)],
+                       capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-4000:]
 
 
@@ -244,16 +259,16 @@ def check_emulation_parses(text: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
-def test_example_kernels_keep_instructions_in_the_layer(example: Path, tmp_path):
+def test_example_kernels_keep_instructions_in_the_layer(example: Path, stub, tmp_path):
     for _, stem, text in _derived_sources(str(example)):
         check_layer(text)
-        check_emulation_parses(text, tmp_path)
+        check_emulation_parses(text, stub, tmp_path)
 
 
-def test_generated_and_planned_kernels_keep_instructions_in_the_layer(generated_sources, tmp_path):
+def test_generated_and_planned_kernels_keep_instructions_in_the_layer(generated_sources, stub, tmp_path):
     for mapping, stem, text in generated_sources + _wgmma_plans():
         check_layer(text)
-        check_emulation_parses(text, tmp_path)
+        check_emulation_parses(text, stub, tmp_path)
 
 
 def _layer_macros_rendered() -> str:
@@ -303,10 +318,10 @@ def test_the_checks_catch_a_misplaced_instruction():
         check_layer(unclosed)
 
 
-def test_the_stub_catches_a_call_off_the_contract(tmp_path):
+def test_the_stub_catches_a_call_off_the_contract(stub, tmp_path):
     _, _, text = _derived_sources(str(ROOT / "examples/gemm.yaml"))[0]
     off = text.replace("derivc_emu::ldmatrix_x4(r0, r1, r2, r3, addr, false)",
                        "derivc_emu::ldmatrix_x4(r0, r1, r2, r3, addr)", 1)
     assert off != text
     with pytest.raises(AssertionError, match="ldmatrix_x4"):
-        check_emulation_parses(off, tmp_path)
+        check_emulation_parses(off, stub, tmp_path)

@@ -32,12 +32,13 @@ GQA = ROOT / "examples" / "decode_splitkv_gqa.yaml"
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    root = tmp_path_factory.mktemp("chain")
+def built(example_build):
+    """The two examples' builds (the run's shared ones, seed 0; a test that changes one copies it)."""
     out = {}
     for path in (DECODE, GQA):
-        out[path.stem] = root / path.stem
-        build_to(path, out[path.stem], seed=1, proofs=False)
+        b = example_build(path)
+        assert b.rc == 0, b.stderr
+        out[path.stem] = b.out
     return out
 
 

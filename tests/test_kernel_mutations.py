@@ -10,7 +10,6 @@ partial fold on mma.sync (strided key tiles, the stored state).
 """
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -123,11 +122,11 @@ def apply(m: Mutation, root: Path) -> None:
 
 
 @pytest.mark.parametrize("m", MUTATIONS, ids=[m.name for m in MUTATIONS])
-def test_mutation_fails_at_the_kernel_step(m: Mutation, tmp_path: Path) -> None:
+def test_mutation_fails_at_the_kernel_step(m: Mutation, tmp_path: Path, mutant_env) -> None:
     _copy(tmp_path)
     apply(m, tmp_path)
     out = tmp_path / "out"
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    env = mutant_env(tmp_path)
     proc = subprocess.run([sys.executable, "-m", "compiler", "build", str(ROOT / "examples" / m.example),
                            "-o", str(out), "--no-proofs", "--seed", "7"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)

@@ -5,7 +5,6 @@ position, the column tail guard dropped) fail the build at the kernel step."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -124,11 +123,11 @@ MUTATIONS = (
 
 
 @pytest.mark.parametrize("m", MUTATIONS, ids=[m.name for m in MUTATIONS])
-def test_mutation_fails_at_the_kernel_step(m: Mutation, tmp_path: Path) -> None:
+def test_mutation_fails_at_the_kernel_step(m: Mutation, tmp_path: Path, mutant_env) -> None:
     _copy(tmp_path)
     apply_mutation(m, tmp_path)
     out = tmp_path / "out"
-    proc = _build(ROOT / "examples" / m.example, out, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    proc = _build(ROOT / "examples" / m.example, out, cwd=tmp_path, env=mutant_env(tmp_path))
     err = proc.stderr.strip()
     assert proc.returncode == 3, f"{m.name}: the mutated build exited {proc.returncode}: {err[-600:]}"
     assert "kernel:" in err, f"{m.name}: failed, but not at the kernel step: {err[-600:]}"

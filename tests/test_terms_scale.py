@@ -165,6 +165,33 @@ def test_the_magnitude_bounds_a_first_order_perturbation(gradient_draws):
             assert in_norm >= 1e-5, (name, in_norm)
 
 
+def test_contracted_sums_give_the_elementwise_magnitudes(gradient_draws, monkeypatch):
+    """A sum of a product is contracted (matrix products, as the interpreter does); M is the
+    elementwise definition's to rounding, infinities and NaN in the same places."""
+    from compiler import magnitude
+
+    prog, draws = gradient_draws
+    contracted = []
+    original = magnitude._sum_of_product
+
+    def counted(*args):
+        out = original(*args)
+        contracted.append(out is not None)
+        return out
+
+    for sizes, inputs in draws:
+        monkeypatch.setattr(magnitude, "_sum_of_product", counted)
+        fast = magnitudes(prog, sizes, inputs)
+        monkeypatch.setattr(magnitude, "_sum_of_product", lambda *args: None)
+        slow = magnitudes(prog, sizes, inputs)
+        for name, m in slow.items():
+            assert np.array_equal(np.isnan(fast[name]), np.isnan(m)), name
+            assert np.array_equal(fast[name] == np.inf, m == np.inf), name
+            finite = np.isfinite(m)
+            assert np.allclose(fast[name][finite], m[finite], rtol=1e-9, atol=0), name
+    assert any(contracted)
+
+
 # every argument a difference of two inputs near 1000 (X = C - D in [0.5, 2], A = X - 1): its M is
 # ~2000 x its value, so each function's M is all slope and a wrong slope shows
 OPS_SPEC = {
