@@ -420,9 +420,10 @@ def _explain_step(s: Any, prog: Any, out: Out) -> None:
     out.heading(f"step {s.index}: {s.rule} ({s.kind})")
     out.line(f"parameters: {format_params(s.params)}")
     out.line(f"theorem:    {s.theorem}")
-    if s.facts:
+    facts = {k: v for k, v in s.facts.items() if k != "theorem"}  # the line above names it
+    if facts:
         out.line("facts:")
-        for k, v in s.facts.items():
+        for k, v in facts.items():
             text = v if isinstance(v, str) else json.dumps(v)
             text = text.replace("\n", "\n      ")
             out.line(f"  - {k}: {text}")
