@@ -480,9 +480,15 @@ def coqc_missing() -> str | None:
     return None
 
 
-def _dispatch(module: str, what: str, requires: Callable[[], str | None] | None = None
-              ) -> Callable[[argparse.Namespace, Out], int]:
+def _dispatch(module: str, what: str, requires: Callable[[], str | None] | None = None,
+              input_dir: str | None = None) -> Callable[[argparse.Namespace, Out], int]:
+    """`input_dir`: the argument naming a directory the command reads; a missing one is bad
+    input (exit 2), said before what is not available here."""
     def run(args: argparse.Namespace, out: Out) -> int:
+        if input_dir is not None and not Path(getattr(args, input_dir)).is_dir():
+            path = Path(getattr(args, input_dir))
+            error_line(f"{path}: {what}: {'not a directory' if path.exists() else 'no such directory'}")
+            return EXIT_INVALID_INPUT
         missing = requires() if requires is not None else None
         if missing:  # before anything is built
             error_line(f"{what}: {missing}")
@@ -538,7 +544,7 @@ def make_parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("verify", help="rebuild a build directory, compare it file by file and check its proofs (needs coqc)")
     v.add_argument("dir")
-    v.set_defaults(func=_dispatch("compiler.verify", "verify", coqc_missing), extras_ok=True)
+    v.set_defaults(func=_dispatch("compiler.verify", "verify", coqc_missing, input_dir="dir"), extras_ok=True)
 
     r = sub.add_parser("replay", help="replay a build directory's trace up to a step")
     r.add_argument("dir")

@@ -102,9 +102,16 @@ def test_verify_fails_on_a_broken_obligation(built, tmp_path, capsys, monkeypatc
     assert [r["step"] for r in report["steps"] if r["coq"] != "passed"] == [3]
 
 
+@pytest.mark.parametrize("coqc", ["present", "absent"])
 @pytest.mark.parametrize("what", ["missing", "a file"])
-def test_verify_on_no_directory_is_bad_input(tmp_path, capsys, what):
-    """Exit 2 (bad input, nothing to verify) with one line, not 4 (a verification that failed)."""
+def test_verify_on_no_directory_is_bad_input(tmp_path, capsys, monkeypatch, what, coqc):
+    """Exit 2 (bad input, nothing to verify) with one line, not 4 (a verification that failed),
+    and not 1 (coqc not found) either: the input is judged before what this machine lacks."""
+    if coqc == "absent":
+        import shutil
+
+        real_which = shutil.which
+        monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None if name == "coqc" else real_which(name, *a, **k))
     target = tmp_path / "nothing"
     if what == "a file":
         target.write_text("x")
