@@ -57,6 +57,7 @@ struct uint4 { unsigned x, y, z, w; };
 struct float2 { float x, y; };
 struct float4 { float x, y, z, w; };
 uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w);
+float2 make_float2(float x, float y);
 void __syncthreads();
 float __shfl_xor_sync(unsigned mask, float v, int lane_mask, int width = 32);
 float __shfl_sync(unsigned mask, float v, int src_lane, int width = 32);

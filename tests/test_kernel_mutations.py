@@ -92,6 +92,8 @@ MUTATIONS = (
     Mutation("mma_lse_max_in_log2_units", "flash_attention_d64_lse.yaml", T + "online_fold.cu.j2",
              "m_r[mi][h] * 0.693147180559945309f", "m_r[mi][h]"),
     Mutation("mma_lse_row_of_the_upper_half", "flash_attention_d64_lse.yaml", T + "online_fold.cu.j2",
+             "(lane >> 2) + 8 * h;", "(lane >> 2);", occurrence=2),  # the first is SPLIT-KV's state store
+    Mutation("split_kv_mma_state_row_of_the_upper_half", "decode_splitkv.yaml", T + "online_fold.cu.j2",
              "(lane >> 2) + 8 * h;", "(lane >> 2);"),
     Mutation("wgmma_lse_forgets_log", "flash_attention_wgmma_lse.yaml", T + "online_fold_wgmma.cu.j2",
              "m_r[h] * 0.693147180559945309f + logf(l)", "m_r[h] * 0.693147180559945309f + l"),
