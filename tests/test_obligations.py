@@ -292,13 +292,16 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 @pytest.mark.parametrize("spec", EXAMPLES, ids=lambda p: p.stem)
 def test_every_example_obligation_passes_coqc(spec, tmp_path, coq_lib):
     """Every obligation of every example (site, frame and other-definition theorems) is
-    generated in full and checked by coqc."""
+    generated in full and checked by coqc — by the build itself (exit 0 only when coqc accepted
+    every one of them; a second coqc pass over the same files here doubled the suite's Coq time)."""
     out = tmp_path / spec.stem
     assert cli_main(["--plain", "build", str(spec), "-o", str(out), "--no-codegen", "--seed", "3"]) == 0
     index = json.loads((out / "proofs" / "index.json").read_text())["steps"]
     assert all(e["status"] != "not generated" for e in index), index
-    res = _check(sorted((out / "proofs").glob("*.v")), coq_lib)
-    assert all(res.values()), [n for n, ok in res.items() if not ok]
+    proofs = json.loads((out / "derivation.json").read_text())["proofs"]
+    files = sorted((out / "proofs").glob("*.v"))
+    assert proofs["checked"] and proofs["by"].startswith("coqc"), proofs
+    assert proofs["obligations"] == len(files) > 0, (proofs, [f.name for f in files])
 
 
 # --------------------------------------------------------------------------- the Lean mirror
