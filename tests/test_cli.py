@@ -220,8 +220,10 @@ def test_explain_failure_is_one_line(spec: Path, test_rules):
         (["replay", "d", "--step", "2"], "compiler.replay_cmd"),
     ],
 )
-def test_reserved_subcommands_dispatch(argv, module, monkeypatch):
+def test_reserved_subcommands_dispatch(argv, module, monkeypatch, tmp_path):
     got = {}
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d").mkdir()  # verify judges its directory before dispatching
 
     def main(args):
         got["args"] = args
