@@ -29,7 +29,7 @@ from .ir import (
     Aff, Bin, Binding, Cond, Const, Def, Or, Expr, Ext, Fold, IndexValue, Let, Program, Read, Reduce, also_def,
     Select, Softmax, Un,
 )
-from .interp_matmul import _all, _axes, _matmul_sum, _nonfinite_sum
+from .interp_matmul import _matmul_sum, _nonfinite_sum, guarded_product, operand_keeps
 
 _erf_scalar = np.frompyfunc(math.erf, 1, 1)
 
@@ -239,19 +239,12 @@ def _reduce_axis(env: _Env, var: str, ext: Ext, body: Expr) -> tuple[np.ndarray,
 # --------------------------------------------------------------------------- contractions
 
 
-def _is_zero(e: Expr) -> bool:
-    return isinstance(e, Const) and e.value == 0.0
-
-
 def _contract(env: _Env, e: Reduce) -> np.ndarray | None:
     """sum(var: [conds] ? a · b : 0) through a matrix product; None when it is not one."""
-    conds: list[Cond] = []
-    body = e.body
-    while isinstance(body, Select) and _is_zero(body.other):
-        conds.extend(body.conds)
-        body = body.then
-    if not (isinstance(body, Bin) and body.op == "*"):
+    product = guarded_product(e.body)
+    if product is None:
         return None
+    conds, body = product
     n = env.ext(e.ext)
     top = _top(n)
     if top == 0:
@@ -266,12 +259,8 @@ def _contract(env: _Env, e: Reduce) -> np.ndarray | None:
             masks.append(env.index(e.var) < _lift(n, env.depth))
     finally:
         env.pop()
-    # The term is a·b where every guard holds and 0 elsewhere, whatever a·b is there: each
-    # guard zeroes the operands whose axes cover it (one covering neither zeroes a, which
-    # grows to its axes).
-    in_a = [m for m in masks if _axes(m) <= _axes(a) or not _axes(m) <= _axes(b)]
-    in_b = [m for m in masks if _axes(m) <= _axes(b)]
-    keep_a, keep_b = _all(in_a, a.shape), _all(in_b, b.shape)
+    # The term is a·b where every guard holds and 0 elsewhere, whatever a·b is there.
+    keep_a, keep_b = operand_keeps(masks, a, b)
     if not keep_a.all():
         a = np.where(keep_a, a, 0.0)
     if not keep_b.all():

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .ir import Bin, Cond, Const, Expr, Select
+
 
 def _axes(a: np.ndarray) -> frozenset[int]:
     return frozenset(i for i, n in enumerate(a.shape) if n != 1)
@@ -93,3 +95,21 @@ def _all(masks: list[np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
     for m in masks:
         out = out & m
     return out
+
+
+def guarded_product(body: Expr) -> tuple[list[Cond], Bin] | None:
+    """`[conds] ? a · b : 0` (nested guards collected) as (conds, a · b); None when the body is
+    not a product under zero-guards, the shape a contraction runs through a matrix product."""
+    conds: list[Cond] = []
+    while isinstance(body, Select) and isinstance(body.other, Const) and body.other.value == 0.0:
+        conds.extend(body.conds)
+        body = body.then
+    return (conds, body) if isinstance(body, Bin) and body.op == "*" else None
+
+
+def operand_keeps(masks: list[np.ndarray], a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each operand of a guarded product is kept: each guard zeroes the operands whose axes
+    cover it (one covering neither zeroes a, which grows to its axes)."""
+    in_a = [m for m in masks if _axes(m) <= _axes(a) or not _axes(m) <= _axes(b)]
+    in_b = [m for m in masks if _axes(m) <= _axes(b)]
+    return _all(in_a, a.shape), _all(in_b, b.shape)

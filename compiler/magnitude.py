@@ -26,8 +26,8 @@ import numpy as np
 from .interp import (
     UNARY, InterpError, _Env, _lift, _norm, _read, _top, def_env, pick_at, softmax_keep, softmax_rows, store_def,
 )
-from .interp_matmul import _all, _axes, _matmul_sum
-from .ir import Bin, Const, Def, Expr, IndexValue, Program, Read, Reduce, Select, Softmax, Un
+from .interp_matmul import _all, _matmul_sum, guarded_product, operand_keeps
+from .ir import Bin, Const, Expr, IndexValue, Program, Read, Reduce, Select, Softmax, Un
 
 Pair = tuple[np.ndarray, np.ndarray]  # (value, magnitude), broadcast over the index stack
 
@@ -141,12 +141,10 @@ def _sum_of_product(env: _Env, menv: _Env, e: Reduce) -> Pair | None:
     the interpreter contracts its sums (compiler/interp.py: not materialised over the whole
     index space); elementwise when a term is not finite (IEEE's NaN / ±inf rules); None when
     the sum is not one of a product."""
-    conds, body = [], e.body
-    while isinstance(body, Select) and isinstance(body.other, Const) and body.other.value == 0.0:
-        conds.extend(body.conds)
-        body = body.then
-    if not (isinstance(body, Bin) and body.op == "*"):
+    product = guarded_product(e.body)
+    if product is None:
         return None
+    conds, body = product
     n = env.ext(e.ext)
     top = _top(n)
     if top == 0:
@@ -158,11 +156,7 @@ def _sum_of_product(env: _Env, menv: _Env, e: Reduce) -> Pair | None:
     finally:
         env.pop()
     a, b = (np.broadcast_arrays(*x) for x in (a, b))
-    shape_a, shape_b = a[0].shape, b[0].shape
-    # each guard zeroes the operand whose axes cover it (one covering neither zeroes a)
-    in_a = [m for m in masks if _axes(m) <= _axes(a[0]) or not _axes(m) <= _axes(b[0])]
-    in_b = [m for m in masks if _axes(m) <= _axes(b[0])]
-    keep_a, keep_b = _all(in_a, shape_a), _all(in_b, shape_b)
+    keep_a, keep_b = operand_keeps(masks, a[0], b[0])
     (av, am), (bv, bm) = ([np.where(keep, x, 0.0) for x in pair] for keep, pair in ((keep_a, a), (keep_b, b)))
     if all(np.isfinite(x).all() for x in (av, am, bv, bm)):
         return _matmul_sum(av, bv), _matmul_sum(am, np.abs(bv)) + _matmul_sum(np.abs(av), bm)
