@@ -62,6 +62,18 @@ def gemm_yaml(schedule: list[dict[str, Any]] | None = None, **fields: Any) -> st
 
 GEMM_YAML = gemm_yaml([])
 
+# the GEMM spec as a person writes it (flow style, one field a line): tests edit it as text
+GOOD_GEMM = """\
+name: gemm
+sizes: {M: dynamic, N: dynamic, K: dynamic}
+inputs:
+  A: {shape: [M, K], dtype: f16}
+  B: {shape: [K, N], dtype: f16}
+statements:
+  - "C[i, j] = sum(k: A[i, k] * B[k, j])"
+output: {tensor: C, dtype: f16}
+"""
+
 
 # --------------------------------------------------------------------------- running the CLI
 

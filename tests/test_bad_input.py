@@ -5,18 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from derivc_testing import GEMM, assert_fails, gemm_yaml, spec_yaml
-
-GOOD_GEMM = """\
-name: gemm
-sizes: {M: dynamic, N: dynamic, K: dynamic}
-inputs:
-  A: {shape: [M, K], dtype: f16}
-  B: {shape: [K, N], dtype: f16}
-statements:
-  - "C[i, j] = sum(k: A[i, k] * B[k, j])"
-output: {tensor: C, dtype: f16}
-"""
+from derivc_testing import GEMM, GOOD_GEMM, assert_fails, gemm_yaml, spec_yaml
 
 ATTN = {
     "name": "attn",

@@ -6,22 +6,12 @@ from __future__ import annotations
 import time
 
 import pytest
-from derivc_testing import assert_fails
+from derivc_testing import GOOD_GEMM, assert_fails
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from compiler.errors import MAX_MESSAGE
 
-GOOD_GEMM = """\
-name: gemm
-sizes: {M: dynamic, N: dynamic, K: dynamic}
-inputs:
-  A: {shape: [M, K], dtype: f16}
-  B: {shape: [K, N], dtype: f16}
-statements:
-  - "C[i, j] = sum(k: A[i, k] * B[k, j])"
-output: {tensor: C, dtype: f16}
-"""
 NAME = "bad.yaml"
 
 
