@@ -36,13 +36,26 @@ def _fused(spec_path: Path, text: str | None = None, tmp: Path | None = None):
     return kd, lower(kd.final, "dV"), {**spec.check_sizes, **fixed}
 
 
-def _dv_schedule_variant(old: str, new: str) -> str:
-    """The noncausal example with `old` replaced by `new` in its dV kernel's schedule only."""
-    text = NONCAUSAL.read_text()
+def dv_schedule_variant(text: str, old: str, new: str) -> str:
+    """A spec's text with `old` replaced by `new` in its dV kernel's schedule only."""
     head, rest = text.split("    - output: dV\n", 1)
     dv, dq = rest.split("    - output: dQ\n", 1)
     assert old in dv
     return head + "    - output: dV\n" + dv.replace(old, new) + "    - output: dQ\n" + dq
+
+
+def two_warpgroups(text: str) -> str:
+    """A wgmma example's text with its dV / dK kernel on blocks of 128 key rows, 64 per warpgroup."""
+    text = dv_schedule_variant(text, "index: ji, to: warp, count: 4", "index: ji, to: warp, count: 8")
+    for d in ("dV", "dK"):
+        text = dv_schedule_variant(text, f"- {{rule: tile, def: {d}, index: j, size: 64}}",
+                                   f"- {{rule: tile, def: {d}, index: j, size: 128}}")
+    return text
+
+
+def head_dim(text: str, d: int) -> str:
+    assert "D: 128}" in text
+    return text.replace("D: 128}", f"D: {d}}}")
 
 
 @pytest.fixture(scope="module")
@@ -116,25 +129,17 @@ def test_the_products_read_the_score_accumulators_as_register_operands(fused):
 
 # -- other shapes: head dim 64, two warpgroups ----------------------------------------------------
 
-def _two_warpgroups_text() -> str:
-    """128 key rows per block, 64 per warpgroup."""
-    text = _dv_schedule_variant("index: ji, to: warp, count: 4", "index: ji, to: warp, count: 8")
-    for d in ("dV", "dK"):
-        text = text.replace(f"- {{rule: tile, def: {d}, index: j, size: 64}}", f"- {{rule: tile, def: {d}, index: j, size: 128}}")
-    return text
+@pytest.fixture(scope="module")
+def fused_two_warpgroups(tmp_path_factory):
+    return _fused(NONCAUSAL, two_warpgroups(NONCAUSAL.read_text()), tmp_path_factory.mktemp("wg2"))
 
 
 @pytest.fixture(scope="module")
-def two_warpgroups(tmp_path_factory):
-    return _fused(NONCAUSAL, _two_warpgroups_text(), tmp_path_factory.mktemp("wg2"))
+def fused_head64(tmp_path_factory):
+    return _fused(NONCAUSAL, head_dim(NONCAUSAL.read_text(), 64), tmp_path_factory.mktemp("d64"))
 
 
-@pytest.fixture(scope="module")
-def head64(tmp_path_factory):
-    return _fused(NONCAUSAL, NONCAUSAL.read_text().replace("D: 128}", "D: 64}"), tmp_path_factory.mktemp("d64"))
-
-
-@pytest.mark.parametrize("shape", ["head64", "two_warpgroups"])
+@pytest.mark.parametrize("shape", ["fused_head64", "fused_two_warpgroups"])
 def test_other_shapes_print_and_match_their_program(request, shape):
     from codegen.build import print_checked
     from codegen.cuda import nvrtc, sass
@@ -142,7 +147,7 @@ def test_other_shapes_print_and_match_their_program(request, shape):
     kd, k, sizes = request.getfixturevalue(shape)
     printed = print_checked(k)
     assert printed.mapping == "score_sum_wgmma"
-    assert printed.variants[0].launch.threads == (256 if shape == "two_warpgroups" else 128)
+    assert printed.variants[0].launch.threads == (256 if shape == "fused_two_warpgroups" else 128)
     assert _check(kd, k, sizes, printed)["passed"]
     if nvrtc.nvrtc_available() and sass.sass_available():
         report, _ = _sass(printed)
@@ -202,11 +207,11 @@ def test_a_mutated_template_fails_the_cpu_check(fused, monkeypatch, name):
         _check(kd, k, sizes, printed)
 
 
-def test_the_second_warpgroup_reading_the_first_ones_rows_fails_the_cpu_check(two_warpgroups, monkeypatch):
+def test_the_second_warpgroup_reading_the_first_ones_rows_fails_the_cpu_check(fused_two_warpgroups, monkeypatch):
     from codegen.kernel_check import KernelCheckError
     from codegen.mappings.templates_env import TEMPLATE_DIR
 
-    kd, k, sizes = two_warpgroups
+    kd, k, sizes = fused_two_warpgroups
     text = (TEMPLATE_DIR / TEMPLATE).read_text()
     old = "(unsigned)wgi * {{ 64 * 128 }}u"
     assert text.count(old) == 1
@@ -248,7 +253,7 @@ def _refused(k, *fragments) -> None:
 
 
 def test_refuses_a_head_dim_it_does_not_implement(tmp_path):
-    _, k, _ = _fused(NONCAUSAL, NONCAUSAL.read_text().replace("D: 128}", "D: 96}"), tmp_path)
+    _, k, _ = _fused(NONCAUSAL, head_dim(NONCAUSAL.read_text(), 96), tmp_path)
     _refused(k, "head dim 96")
 
 
