@@ -114,7 +114,8 @@ def test_the_example_builds_its_backward_on_wgmma(example_build, example):
 
 def test_the_products_read_the_score_accumulators_as_register_operands(fused):
     """Sᵀ = K Qᵀ and dPᵀ = V dOᵀ once each (both operands in shared memory), then dV += Pᵀ dO and
-    dK += dSᵀ Q with Pᵀ / dSᵀ packed from the score accumulators into register A operands."""
+    dK += dSᵀ Q with Pᵀ / dSᵀ packed from the score accumulators into register A operands; what the
+    two values share is computed once."""
     from codegen.build import print_checked
 
     _, k, _ = fused
@@ -125,6 +126,9 @@ def test_the_products_read_the_score_accumulators_as_register_operands(fused):
     src = printed.variants[0].source.source
     assert src.count("wgmma_acc(acc0, pa0[kk]") == 1 and src.count("wgmma_acc(acc1, pa1[kk]") == 1
     assert src.count("wgmma_score(sc0,") == 1 and src.count("wgmma_score(sc1,") == 1
+    # P = exp(S - LSE), in dV's value and inside dK's dS, is computed once per element and read by both
+    assert src.count("expf(") == 1 and "const float cs0 = expf(" in src
+    assert all("cs0" in line for line in src.splitlines() if "pv[0][h] =" in line or "pv[1][h] =" in line)
 
 
 # -- other shapes: head dim 64, two warpgroups ----------------------------------------------------

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from compiler.ir import Aff, Bin, Cond, Const, Expr, IndexValue, Or, Read, Reduce, Select, Un, subst_index, walk
+from compiler.ir import Aff, Bin, Cond, Const, Expr, IndexValue, Or, Read, Reduce, Select, Un, map_children, subst_index, walk
 from compiler.machine import DTYPES
 from compiler.printer import show_expr
 
@@ -352,7 +352,7 @@ def element_value_c(k: Kernel, value: Expr, names: dict[str, str], score_of: dic
         return read_c(t.dims, r.idx, ptr[r.tensor], f"{t.dtype}_to_f32", names)
 
     def val(e: Expr) -> str:
-        if isinstance(e, Reduce):
+        if e in score_of:  # a score sum's register, or a term the caller computed once (common_terms)
             return score_of[e]
         if isinstance(e, Select):
             return f"({conds_c(e.conds, names)} ? {val(e.then)} : {val(e.other)})"
@@ -407,12 +407,32 @@ def kernel_params_c(k: Kernel, ptr: dict[str, str]) -> tuple[str, tuple[str, ...
         names.append(d)
     return ", ".join(params), tuple(names)
 
-def shared_context(m: _Match, score_ref: str, skip_rows: int, skip_unit: str) -> dict:
+def _one_score_per_tile(e: Expr, first: dict[Reduce, Reduce]) -> Expr:
+    """e with each score sum replaced by the first sum of its (row tile, column tile): the sums of
+    one score tile (dV's over e6, dK's over e5) then read alike."""
+    if isinstance(e, Reduce):
+        return first.get(e, e)
+    return map_children(e, lambda x: _one_score_per_tile(x, first))
+
+
+def common_terms(values: tuple[Expr, ...]) -> tuple[Expr, ...]:
+    """The largest sub-expressions holding a score sum that several values hold (dV's P = exp(S - LSE)
+    inside dK's dS): a printer may compute each once per element (each value reads it as it is)."""
+    if len(values) < 2:
+        return ()
+    holding = [{x for x in walk(v) if any(isinstance(y, Reduce) for y in walk(x))} for v in values]
+    shared = {x for x in holding[0] if sum(x in h for h in holding) > 1}
+    inner = {y for x in shared for y in walk(x) if y is not x and y != x}
+    return tuple(sorted((x for x in shared if x not in inner and not isinstance(x, Reduce)), key=show_expr))
+
+
+def shared_context(m: _Match, score_ref: str, skip_rows: int, skip_unit: str, common: bool = False) -> dict:
     """The template context every instruction's printer of the plan shares: pointers, the tile
     range, the element-wise values (a score element is `score_ref` formatted with the score's
     number, C names nt and e in the accumulator layout), the stores; the block skips a tile for
     the `skip_rows` rows of its unit (`skip_unit`: the C index of the warp / warpgroup) when the
-    guards keep nothing of it there."""
+    guards keep nothing of it there.  With `common`, the common_terms of the values are printed
+    once (`terms`, read by the values as cs<i>)."""
     p, k = m.plan, m.k
     fixed = k.fixed()
     sizes = size_names(k.sizes)
@@ -426,8 +446,14 @@ def shared_context(m: _Match, score_ref: str, skip_rows: int, skip_unit: str) ->
     row_index = {t.buf: i for i, t in enumerate(p.row_tiles)}
     col_index = {t.buf: i for i, t in enumerate(p.col_tiles)}
     # every sum's score sums read the one tile of their (row tile, column tile)
-    score_of = {sc.sum: score_ref.format(keys.index((sc.row, sc.col))) for v in m.values
-                for sc in score_sums(v, m.row, m.col, row_index, col_index, p.head, k, instr=p.mma)}
+    scores = [sc for v in m.values for sc in score_sums(v, m.row, m.col, row_index, col_index, p.head, k, instr=p.mma)]
+    score_of = {sc.sum: score_ref.format(keys.index((sc.row, sc.col))) for sc in scores}
+    values = m.values
+    if common:
+        first: dict[tuple[int, int], Reduce] = {}
+        for sc in scores:
+            first.setdefault((sc.row, sc.col), sc.sum)
+        values = tuple(_one_score_per_tile(v, {sc.sum: first[(sc.row, sc.col)] for sc in scores}) for v in values)
 
     # the zero guards over the tile index; a disjunction (prefix-LM's j <= i || j < Prefix) narrows
     # the range to the union of its parts' ranges, and a unit is empty where every part is
@@ -450,6 +476,8 @@ def shared_context(m: _Match, score_ref: str, skip_rows: int, skip_unit: str) ->
     empty = " || ".join(box_extremes(c, unit_box, wnames)[1] for c in guards) if guards else None
     params, arg_names = kernel_params_c(k, ptr)
     out_seq = p.outs[0].dims[p.outs[0].roles.index("seq")]
+    terms = common_terms(values) if common else ()
+    named = {t: f"cs{i}" for i, t in enumerate(terms)}
     return dict(
         kname=ident(k.name), dt=p.dtype, ct=p.dtype + "_t", elem=elem, vec=16 // elem,
         D=p.head, BM=p.block_m, BN=p.block_n, stages=p.stages,
@@ -463,10 +491,11 @@ def shared_context(m: _Match, score_ref: str, skip_rows: int, skip_unit: str) ->
                         lim=sizes[t.rows_size]) for t in p.col_tiles],
         row_lds=[stride_c(t.op, t.op.roles.index("seq"), fixed) for t in p.row_tiles],
         scores=[dict(row=s.row, col=s.col) for s in p.scores],
-        accs=[dict(tile=t, value=element_value_c(k, v, names, score_of), out_dt=o.dtype, out_name=o.name,
+        terms=[element_value_c(k, t, names, score_of) for t in terms],
+        accs=[dict(tile=t, value=element_value_c(k, v, names, {**score_of, **named}), out_dt=o.dtype, out_name=o.name,
                    out_ptr=ptr[o.name], out_base=base_c(o, fixed, "rt * %d" % p.block_m),
                    out_ld=stride_c(o, o.roles.index("seq"), fixed))
-              for t, v, o in zip(p.acc_tiles, m.values, p.outs)],
+              for t, v, o in zip(p.acc_tiles, values, p.outs)],
         begin_expr=begin, end_expr=end, unit_empty=empty, out_lim=f"{sizes[out_seq]} - rt * {p.block_m}",
     )
 
