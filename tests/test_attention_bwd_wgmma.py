@@ -1,10 +1,11 @@
-"""The attention backward's dV / dK on Hopper warpgroup tensor cores (codegen.mappings.score_sum_wgmma),
-CPU only: the wgmma examples (causal and not) build with their dV kernel (dK beside it) and dQ
-printed on wgmma, checked by the kernel step (the text run through the emulation against float64, sizes with
-tails) and compiled by NVRTC to SASS with HGMMA and no local memory; a head dim of 64 and a block
-of two warpgroups print and pass too; mutations of the template and of the values it prints (the
-−D of dS, the −LSE of P, a transposed operand, the A fragment order, the accumulation across tiles,
-the ring's wait) fail the CPU check; what the printer does not implement is refused by name."""
+"""The attention backward on Hopper warpgroup tensor cores (codegen.mappings.score_sum_wgmma), CPU
+only: the wgmma examples (causal and not) build with their dV kernel (dK beside it) and dQ printed
+on wgmma, checked by the kernel step (the text run through the emulation against float64, sizes
+with tails) and compiled by NVRTC to SASS with HGMMA and no local memory; head dim 64, blocks of
+two warpgroups and bf16 print and pass too; mutations of the template and of the values it prints
+(the −D of dS, the −LSE of P, a transposed operand, the A fragment order, the accumulation across
+tiles, the ring's wait, the proxy fence, the waits, the second warpgroup's rows, the causal skip)
+fail the CPU check; what the printer does not implement is refused by name."""
 from __future__ import annotations
 
 import json
@@ -143,7 +144,12 @@ def fused_head64(tmp_path_factory):
     return _fused(NONCAUSAL, head_dim(NONCAUSAL.read_text(), 64), tmp_path_factory.mktemp("d64"))
 
 
-@pytest.mark.parametrize("shape", ["fused_head64", "fused_two_warpgroups"])
+@pytest.fixture(scope="module")
+def fused_bf16(tmp_path_factory):
+    return _fused(NONCAUSAL, NONCAUSAL.read_text().replace("dtype: f16", "dtype: bf16"), tmp_path_factory.mktemp("bf16"))
+
+
+@pytest.mark.parametrize("shape", ["fused_head64", "fused_two_warpgroups", "fused_bf16"])
 def test_other_shapes_print_and_match_their_program(request, shape):
     from codegen.build import print_checked
     from codegen.cuda import nvrtc, sass
@@ -151,6 +157,7 @@ def test_other_shapes_print_and_match_their_program(request, shape):
     kd, k, sizes = request.getfixturevalue(shape)
     printed = print_checked(k)
     assert printed.mapping == "score_sum_wgmma"
+    assert printed.plan.dtype == ("bf16" if shape == "fused_bf16" else "f16")
     assert printed.variants[0].launch.threads == (256 if shape == "fused_two_warpgroups" else 128)
     assert _check(kd, k, sizes, printed)["passed"]
     if nvrtc.nvrtc_available() and sass.sass_available():
@@ -221,6 +228,21 @@ def test_the_second_warpgroup_reading_the_first_ones_rows_fails_the_cpu_check(fu
     assert text.count(old) == 1
     with pytest.raises(KernelCheckError):
         _check(kd, k, sizes, _render_with_template(k, text.replace(old, "0u"), monkeypatch))
+
+
+def test_the_causal_skip_inverted_fails_the_cpu_check(monkeypatch):
+    """Causal: the tile range starts at the diagonal and a warpgroup skips the tiles its rows see
+    nothing of; skipping the others instead shows in the numbers."""
+    from codegen.kernel_check import KernelCheckError
+    from codegen.mappings.templates_env import TEMPLATE_DIR
+
+    kd, k, sizes = _fused(CAUSAL)
+    text = (TEMPLATE_DIR / TEMPLATE).read_text()
+    old = "if ({{ unit_empty }}) continue;"
+    assert text.count(old) == 1
+    assert _check(kd, k, sizes, _render_with_template(k, text, monkeypatch))["passed"]
+    with pytest.raises(KernelCheckError):
+        _check(kd, k, sizes, _render_with_template(k, text.replace(old, "if (!({{ unit_empty }})) continue;"), monkeypatch))
 
 
 def _value_patch(monkeypatch, change) -> None:
