@@ -128,7 +128,7 @@ def test_the_products_read_the_score_accumulators_as_register_operands(fused):
     assert src.count("wgmma_acc(acc0, pa0[kk]") == 1 and src.count("wgmma_acc(acc1, pa1[kk]") == 1
     assert src.count("wgmma_score(sc0,") == 1 and src.count("wgmma_score(sc1,") == 1
     # P = exp(S - LSE), in dV's value and inside dK's dS, is computed once per element and read by both
-    assert src.count("expf(") == 1 and "const float cs0 = expf(" in src
+    assert "expf(" not in src and src.count(" = fast_exp2(") == 1 and "const float cs0 = fast_exp2(" in src
     assert all("cs0" in line for line in src.splitlines() if "pv[0][h] =" in line or "pv[1][h] =" in line)
 
 
@@ -250,7 +250,8 @@ def _value_patch(monkeypatch, change) -> None:
     from codegen.mappings import score_sum
 
     orig = score_sum.element_value_c
-    monkeypatch.setattr(score_sum, "element_value_c", lambda k, v, names, score_of: orig(k, change(v), names, score_of))
+    monkeypatch.setattr(score_sum, "element_value_c",
+                        lambda k, v, names, score_of, **kw: orig(k, change(v), names, score_of, **kw))
 
 
 @pytest.mark.parametrize("tensor", ["Dsum", "LSE"], ids=["dS_without_D", "P_without_LSE"])
@@ -305,3 +306,15 @@ def test_refuses_group_loops(fused):
 def test_refuses_a_kernel_mapped_to_mma_sync():
     _, k, _ = _fused(ROOT / "examples" / "flash_attention_grad_mma_d128.yaml")
     _refused(k, "mapped to mma_sync")
+
+
+def test_exp_without_its_log2e_factor_fails_the_cpu_check(fused, monkeypatch):
+    """exp(x) is printed as ex2.approx(log2(e) x): 2^x instead shows in the numbers."""
+    from codegen.kernel_check import KernelCheckError
+    from codegen.mappings import score_sum
+    from codegen.mappings.score_sum_wgmma import render
+
+    kd, k, sizes = fused
+    monkeypatch.setattr(score_sum, "LOG2E", 1.0)
+    with pytest.raises(KernelCheckError):
+        _check(kd, k, sizes, render(k))

@@ -341,10 +341,15 @@ def check_elementwise(value: Expr, k: Kernel, allowed: set[str], n: str | None, 
                              "column, the tiles, batch indices and sizes")
 
 
-def element_value_c(k: Kernel, value: Expr, names: dict[str, str], score_of: dict[Reduce, str]) -> str:
+LOG2E = 1.4426950408889634
+
+
+def element_value_c(k: Kernel, value: Expr, names: dict[str, str], score_of: dict[Expr, str],
+                    fast_exp: bool = False) -> str:
     """C expression of the element-wise value at one fragment element: score sums as the fragment
     registers `score_of` names, reads of inputs with their bounds guards, `names` the C names of
-    the kernel IR's index variables (shared by the tile-sum and the store forms)."""
+    the kernel IR's index variables (shared by the tile-sum and the store forms).  fast_exp: exp(x)
+    as ex2.approx.ftz(log2(e) x), the forward's exponential (relative error about 2^-22), not expf."""
     ptr = {t.name: f"p_{ident(t.name)}" for t in k.tensors}
 
     def read(r: Read) -> str:
@@ -370,6 +375,8 @@ def element_value_c(k: Kernel, value: Expr, names: dict[str, str], score_of: dic
                 return gt_c(a, b)
             return f"({a} {_BINARY_C[e.op]} {b})"
         if isinstance(e, Un):
+            if fast_exp and e.op == "exp":
+                return f"fast_exp2({float_const_c(LOG2E)} * {val(e.a)})"
             return unary_c(e.op, val(e.a))
         raise ValueError(f"{type(e).__name__} has no element-wise form")
 
@@ -426,13 +433,15 @@ def common_terms(values: tuple[Expr, ...]) -> tuple[Expr, ...]:
     return tuple(sorted((x for x in shared if x not in inner and not isinstance(x, Reduce)), key=show_expr))
 
 
-def shared_context(m: _Match, score_ref: str, skip_rows: int, skip_unit: str, common: bool = False) -> dict:
+def shared_context(m: _Match, score_ref: str, skip_rows: int, skip_unit: str, common: bool = False,
+                   fast_exp: bool = False) -> dict:
     """The template context every instruction's printer of the plan shares: pointers, the tile
     range, the element-wise values (a score element is `score_ref` formatted with the score's
     number, C names nt and e in the accumulator layout), the stores; the block skips a tile for
     the `skip_rows` rows of its unit (`skip_unit`: the C index of the warp / warpgroup) when the
     guards keep nothing of it there.  With `common`, the common_terms of the values are printed
-    once (`terms`, read by the values as cs<i>)."""
+    once (`terms`, read by the values as cs<i>); with `fast_exp`, exp is printed as the forward's
+    ex2.approx (element_value_c)."""
     p, k = m.plan, m.k
     fixed = k.fixed()
     sizes = size_names(k.sizes)
@@ -478,6 +487,7 @@ def shared_context(m: _Match, score_ref: str, skip_rows: int, skip_unit: str, co
     out_seq = p.outs[0].dims[p.outs[0].roles.index("seq")]
     terms = common_terms(values) if common else ()
     named = {t: f"cs{i}" for i, t in enumerate(terms)}
+    exp_kw = {"fast_exp": True} if fast_exp else {}
     return dict(
         kname=ident(k.name), dt=p.dtype, ct=p.dtype + "_t", elem=elem, vec=16 // elem,
         D=p.head, BM=p.block_m, BN=p.block_n, stages=p.stages,
@@ -491,8 +501,8 @@ def shared_context(m: _Match, score_ref: str, skip_rows: int, skip_unit: str, co
                         lim=sizes[t.rows_size]) for t in p.col_tiles],
         row_lds=[stride_c(t.op, t.op.roles.index("seq"), fixed) for t in p.row_tiles],
         scores=[dict(row=s.row, col=s.col) for s in p.scores],
-        terms=[element_value_c(k, t, names, score_of) for t in terms],
-        accs=[dict(tile=t, value=element_value_c(k, v, names, {**score_of, **named}), out_dt=o.dtype, out_name=o.name,
+        terms=[element_value_c(k, t, names, score_of, **exp_kw) for t in terms],
+        accs=[dict(tile=t, value=element_value_c(k, v, names, {**score_of, **named}, **exp_kw), out_dt=o.dtype, out_name=o.name,
                    out_ptr=ptr[o.name], out_base=base_c(o, fixed, "rt * %d" % p.block_m),
                    out_ld=stride_c(o, o.roles.index("seq"), fixed))
               for t, v, o in zip(p.acc_tiles, values, p.outs)],

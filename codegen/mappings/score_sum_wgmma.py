@@ -18,7 +18,8 @@ accumulation (the identity the forward's P·V uses): Pᵀ and dSᵀ never go thr
 One shared tile serves as the K-major B of a score (rows = n) and as the MN-major B of an
 accumulation (rows = k): the panelled swizzled layout is the same for both.
 The sums' values are formed side by side per element, the sub-expressions several of them hold
-(P = exp(S - LSE), inside dK's dS = P (dP - D) too: score_sum.common_terms) computed once.
+(P = exp(S - LSE), inside dK's dS = P (dP - D) too: score_sum.common_terms) computed once, exp
+as the forward computes it (ex2.approx of log2(e) x).
 
 Refused by name: head dims other than 64 and 128 (the accumulators of two sums of d128 and two
 score tiles fill the register file; d256 does not fit), blocks that are not whole warpgroups of
@@ -60,7 +61,7 @@ def context(m: _Match) -> dict:
     row_smem = len(p.row_tiles) * tile_bytes_r
     col_smem = p.stages * len(p.col_tiles) * tile_bytes_c
     return dict(
-        shared_context(m, "sc{}[4 * nt + e]", 64, "wgi", common=True),
+        shared_context(m, "sc{}[4 * nt + e]", 64, "wgi", common=True, fast_exp=True),
         threads=p.warps * 32, NWG=p.warps // 4, PANEL=PANEL, PANELS=p.head // PANEL,
         SN=p.block_n // 2, AN=p.head // 2, KD=p.head // 16, KT=p.block_n // 16,
         # 1024 bytes of slack: the tiles start at the next 1024-byte boundary (the swizzle atom)
