@@ -9,6 +9,9 @@ Peak memory of the backward (torch.cuda.max_memory_allocated above the inputs) i
 
     python3 devtools/bwd_bench.py [example ...]     # writes $OUT/bwd_bench.json
 
+A case `example:variant` builds the example's text through a VARIANTS transform first (the wgmma
+backward on blocks of two warpgroups, or at head dim 64).
+
 A developer script: not part of the package, no test imports it.
 """
 from __future__ import annotations
@@ -29,12 +32,37 @@ TOKENS, HEADS = 16384, 16
 # (example, head dim, causal, flex mask: None | "causal" | "sliding1024")
 ATTENTION = [
     ("flash_attention_grad_mma_d128", 128, True, "causal"),
-    ("flash_attention_wgmma_noncausal_grad", 128, False, None),  # dK and dV in one kernel (FUSE-SUMS)
+    ("flash_attention_wgmma_noncausal_grad", 128, False, None),  # dK and dV in one kernel (FUSE-SUMS), wgmma
     ("flash_attention_wgmma_grad", 128, True, "causal"),  # the same, causal
+    ("flash_attention_wgmma_noncausal_grad:two_warpgroups", 128, False, None),  # dV / dK on 128 key rows
+    ("flash_attention_wgmma_grad:two_warpgroups", 128, True, "causal"),
+    ("flash_attention_wgmma_noncausal_grad:d64", 64, False, None),
+    ("flash_attention_wgmma_grad:d64", 64, True, "causal"),
     ("flash_attention_grad_mma", 64, True, "causal"),
     ("flash_attention_grad_mma_noncausal", 64, False, None),
     ("attention_sliding_window_grad", 128, True, "sliding1024"),
 ]
+
+
+
+
+def _variants() -> dict:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_attention_bwd_wgmma import head_dim, two_warpgroups
+
+    return {"two_warpgroups": two_warpgroups, "d64": lambda t: head_dim(t, 64)}
+
+
+def spec_of(case: str) -> Path:
+    """The spec of a case: examples/<example>.yaml, through its variant's transform if it names one."""
+    example, _, variant = case.partition(":")
+    spec = ROOT / "examples" / f"{example}.yaml"
+    if not variant:
+        return spec
+    out = Path("/tmp/bwd-bench/specs") / f"{example}-{variant}.yaml"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(_variants()[variant](spec.read_text()))
+    return out
 
 
 def row(**k) -> None:
@@ -57,8 +85,8 @@ def attention(example: str, d: int, causal: bool, flex: str | None, n: int) -> N
     import derivc
     from compiler.cli import build_to
 
-    spec = ROOT / "examples" / f"{example}.yaml"
-    out = Path("/tmp/bwd-bench") / f"{example}-{hashlib.sha256(spec.read_bytes()).hexdigest()[:10]}"  # a changed spec rebuilds
+    spec = spec_of(example)
+    out = Path("/tmp/bwd-bench") / f"{spec.stem}-{hashlib.sha256(spec.read_bytes()).hexdigest()[:10]}"  # a changed spec rebuilds
     if not out.exists():
         build_to(spec, out, proofs=False)
     t = derivc.load_training(out)

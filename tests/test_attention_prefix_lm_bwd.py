@@ -133,8 +133,8 @@ MUTATIONS = (
     Mutation("prefix_range_end_one_disjunct", EXAMPLE.name, SCORE_SUM,
              "upper = end_tile_c(guards, m.loop.var, box, blk)", f"upper = end_tile_c({ONE_PART}, m.loop.var, box, blk)"),
     Mutation("prefix_warp_empty_one_disjunct", EXAMPLE.name, SCORE_SUM,
-             "box_extremes(c, warp_box, wnames)[1] for c in guards)",
-             f"box_extremes(c, warp_box, wnames)[1] for c in {ONE_PART})"),
+             "box_extremes(c, unit_box, wnames)[1] for c in guards)",
+             f"box_extremes(c, unit_box, wnames)[1] for c in {ONE_PART})"),
 )
 
 

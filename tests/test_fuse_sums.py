@@ -2,7 +2,7 @@
 
 The rule: two sums over the same tiles in the same nest become one fold of two accumulators,
 the second sum a further output of the definition (both values checked in float64, refusals by
-name).  The kernel: flash_attention_wgmma_noncausal_grad's dV kernel writes dK too; score_sum
+name).  The kernel: flash_attention_grad_mma_d128's dV kernel writes dK too; score_sum
 prints both sums over one set of score tiles, and its text, run on the CPU through the emulation
 (codegen/emu), matches the kernel's program in float64 — and fails to when the printer drops the
 dV accumulation, swaps the two outputs, or forgets dS's D subtraction."""
@@ -17,7 +17,7 @@ import pytest
 from rulekit import apply, check_fails, eval_sizes, program_of
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "examples" / "flash_attention_wgmma_noncausal_grad.yaml"
+EXAMPLE = ROOT / "examples" / "flash_attention_grad_mma_d128.yaml"  # the wgmma examples print it with score_sum wgmma
 
 TWO_SUMS = """
 name: two_sums

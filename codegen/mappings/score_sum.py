@@ -47,7 +47,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from compiler.ir import Aff, Bin, Cond, Const, Expr, IndexValue, Or, Read, Reduce, Select, Un, subst_index, walk
+from compiler.ir import Aff, Bin, Cond, Const, Expr, IndexValue, Or, Read, Reduce, Select, Un, map_children, subst_index, walk
 from compiler.machine import DTYPES
 from compiler.printer import show_expr
 
@@ -164,35 +164,35 @@ def stage_tile(k: Kernel, st: Stage, tile_var: str, batch: set[str], name: str =
     return Tile(st.buf.name, op, rows, cols, st.buf.level, seq)
 
 
-def _split_product(body: Expr, c: str, n: str, col_tiles: dict[str, int]) -> tuple[int, Expr]:
+def _split_product(body: Expr, c: str, n: str, col_tiles: dict[str, int], name: str = NAME) -> tuple[int, Expr]:
     """(the column tile read at [c, n], the other factor A) of the accumulation's product."""
     conds: tuple[Cond, ...] = ()
     if isinstance(body, Select) and body.other == Const(0.0):
         conds, body = body.conds, body.then
     if not (isinstance(body, Bin) and body.op == "*"):
-        raise refuse(NAME, f"the accumulated value {show_expr(body)} is not a product with a staged tile")
+        raise refuse(name, f"the accumulated value {show_expr(body)} is not a product with a staged tile")
     want = (Aff.of(c), Aff.of(n))
     for x, other in ((body.a, body.b), (body.b, body.a)):
         if isinstance(x, Read) and x.tensor in col_tiles and x.idx == want:
             return col_tiles[x.tensor], (Select(conds, other, Const(0.0)) if conds else other)
-    raise refuse(NAME, f"neither factor of {show_expr(body)} reads a column tile at [{c}, {n}] "
+    raise refuse(name, f"neither factor of {show_expr(body)} reads a column tile at [{c}, {n}] "
                  "(the accumulation's B operand in its natural order)")
 
 
-def _tile_sums(loop: TileLoop) -> tuple[Reduce, ...]:
+def _tile_sums(loop: TileLoop, instr: str = "mma_sync", name: str = NAME) -> tuple[Reduce, ...]:
     """The tensor-core tile sum each state of the tile loop adds (acc := acc + sum(...), from 0)."""
     if not loop.state:
-        raise refuse(NAME, "the tile loop carries no sum")
+        raise refuse(name, "the tile loop carries no sum")
     out = []
     for st in loop.state:
         upd = st.update
         if st.init != Const(0.0):
-            raise refuse(NAME, f"the sum {st.name} of the tile loop does not start at 0")
+            raise refuse(name, f"the sum {st.name} of the tile loop does not start at 0")
         if not (isinstance(upd, Bin) and upd.op == "+" and upd.a == Read(st.name, ()) and isinstance(upd.b, Reduce)
                 and upd.b.op == "sum" and upd.b.mma is not None):
-            raise refuse(NAME, f"the update of {st.name} is not {st.name} + a tensor-core tile sum")
-        if upd.b.mma.instr != "mma_sync":
-            raise refuse(NAME, f"the tile sum is mapped to {upd.b.mma.instr}")
+            raise refuse(name, f"the update of {st.name} is not {st.name} + a tensor-core tile sum")
+        if upd.b.mma.instr != instr:
+            raise refuse(name, f"the tile sum is mapped to {upd.b.mma.instr}")
         out.append(upd.b)
     return tuple(out)
 
@@ -203,9 +203,11 @@ def _common_guards(values: tuple[Expr, ...]) -> tuple[Cond | Or, ...]:
     return tuple(g for g in first if all(g in _zero_guards(v) for v in values[1:]))
 
 
-def match(k: Kernel) -> _Match:
+def match(k: Kernel, instr: str = "mma_sync", name: str = NAME) -> _Match:
+    """The plan of a tile sum over score tiles whose tensor-core sums are mapped to `instr`, refused
+    under the printer's `name` otherwise (the meaning is the same for every instruction)."""
     if not k.body or not isinstance(k.body[-1], TileLoop):
-        raise refuse(NAME, "the kernel is not [stage row tiles; one tile loop] (a tile sum)")
+        raise refuse(name, "the kernel is not [stage row tiles; one tile loop] (a tile sum)")
     loop = k.body[-1]
     pre = k.body[:-1]
     groups: list[TileLoop] = []
@@ -214,86 +216,86 @@ def match(k: Kernel) -> _Match:
         loop = inner
     group_vars = {g.var for g in groups}
     if not pre or not all(isinstance(s, Stage) for s in pre):
-        raise refuse(NAME, "the kernel is not [stage row tiles; one tile loop] (a tile sum)")
-    sums = _tile_sums(loop)
+        raise refuse(name, "the kernel is not [stage row tiles; one tile loop] (a tile sum)")
+    sums = _tile_sums(loop, instr, name)
     if groups and len(sums) > 1:
-        raise refuse(NAME, f"group loops around {len(sums)} sums (a fused dK / dV summed over query heads) "
+        raise refuse(name, f"group loops around {len(sums)} sums (a fused dK / dV summed over query heads) "
                      "are not implemented")
     totals = (groups[0].state[0].name,) if groups else tuple(st.name for st in loop.state)
     if not all(isinstance(s, Stage) and s.buf.level == "shared" for s in loop.body):
-        raise refuse(NAME, "the tile loop's body must only stage column tiles in shared memory")
+        raise refuse(name, "the tile loop's body must only stage column tiles in shared memory")
     if len(k.lanes) != 2:
-        raise refuse(NAME, "the output tile must be rows x head-dim lanes")
+        raise refuse(name, "the output tile must be rows x head-dim lanes")
     row, n = k.lanes[0].var, k.lanes[1].var
     rl = k.lanes[0]
     warps = rl.mapping.count if rl.mapping and rl.mapping.level == "warp" and rl.mapping.count else 1
     if len(k.stores) != len(totals) or any(st.value != Read(t, ()) for st, t in zip(k.stores, totals)):
-        raise refuse(NAME, f"the stored values are not the sums {', '.join(totals)}, one per output in order")
+        raise refuse(name, f"the stored values are not the sums {', '.join(totals)}, one per output in order")
     if any(st.index != k.store.index or st.guard != k.store.guard for st in k.also):
-        raise refuse(NAME, "a further output is stored at another index or under other guards than the output")
+        raise refuse(name, "a further output is stored at another index or under other guards than the output")
     grid_vars = {g.var for g in k.grid}
     sidx = k.store.index
     rows_at = [p for p, a in enumerate(sidx) if a.coef(row) != 0]
     if len(rows_at) != 1:
-        raise refuse(NAME, f"the output index does not hold the row lane {row} at one position")
+        raise refuse(name, f"the output index does not hold the row lane {row} at one position")
     rest = sidx[rows_at[0]] - Aff.of(row)
     if sidx[rows_at[0]].coef(row) != 1 or rest.const or len(rest.terms) != 1 or rest.terms[0][0] not in grid_vars:
-        raise refuse(NAME, f"the output row index {sidx[rows_at[0]]} is not BM * row tile + {row}")
+        raise refuse(name, f"the output row index {sidx[rows_at[0]]} is not BM * row tile + {row}")
     rtile, bm = rest.terms[0]
     batch = grid_vars - {rtile}
-    out_roles = _roles(sidx, Aff.build({rtile: bm, row: 1}), n, batch, f"output {k.output.name}", NAME)
+    out_roles = _roles(sidx, Aff.build({rtile: bm, row: 1}), n, batch, f"output {k.output.name}", name)
     outs = []
     for st in k.stores:
-        o = operand(k, st.tensor, "global", NAME)
+        o = operand(k, st.tensor, "global", name)
         outs.append(Operand(o.name, o.dims, o.dtype, o.level, out_roles))
-    row_tiles = tuple(stage_tile(k, s, rtile, batch) for s in pre)
-    col_tiles = tuple(stage_tile(k, s, loop.var, batch | group_vars) for s in loop.body)
+    row_tiles = tuple(stage_tile(k, s, rtile, batch, name) for s in pre)
+    col_tiles = tuple(stage_tile(k, s, loop.var, batch | group_vars, name) for s in loop.body)
     bn = sums[0].ext.const_value()
     if any(t.rows != bm for t in row_tiles) or any(t.rows != bn for t in col_tiles) \
             or any(x.ext != sums[0].ext for x in sums):
-        raise refuse(NAME, f"row tiles must have {bm} rows and column tiles {bn}")
+        raise refuse(name, f"row tiles must have {bm} rows and column tiles {bn}")
     heads = {t.cols for t in row_tiles + col_tiles}
     if len(heads) != 1 or k.lanes[1].extent != next(iter(heads)) or k.lanes[0].extent != bm:
-        raise refuse(NAME, f"every tile and the output tile must be {bm} x one head dim ({sorted(heads)})")
+        raise refuse(name, f"every tile and the output tile must be {bm} x one head dim ({sorted(heads)})")
     head = heads.pop()
     col_index = {t.buf: i for i, t in enumerate(col_tiles)}
     row_index = {t.buf: i for i, t in enumerate(row_tiles)}
     c = sums[0].var
     acc_tiles, values, scores = [], [], []
     for x in sums:
-        acc_tile, value = _split_product(x.body, x.var, n, col_index)
+        acc_tile, value = _split_product(x.body, x.var, n, col_index, name)
         value = subst_index(value, x.var, Aff.of(c)) if x.var != c else value
         acc_tiles.append(acc_tile)
         values.append(value)
-        for sc in score_sums(value, row, c, row_index, col_index, head, k):
+        for sc in score_sums(value, row, c, row_index, col_index, head, k, name, instr):
             if all((o.row, o.col) != (sc.row, sc.col) for o in scores):
                 scores.append(sc)  # one score tile per (row tile, column tile): computed once
-        check_elementwise(value, k, {row, c, rtile, loop.var} | batch | group_vars | set(dict(k.sizes)), n)
+        check_elementwise(value, k, {row, c, rtile, loop.var} | batch | group_vars | set(dict(k.sizes)), n, name)
     for cc in k.store.guard:
         if bound_cond(cc, (rtile, bm), row) != outs[0].dims[out_roles.index("seq")]:
-            raise refuse(NAME, f"store condition {cc} is not the row tail bound")
+            raise refuse(name, f"store condition {cc} is not the row tail bound")
     dtypes = {t.op.dtype for t in row_tiles + col_tiles}
     if len(dtypes) != 1 or not DTYPES[next(iter(dtypes))].mma_operand:
-        raise refuse(NAME, f"the tiles must share one f16 / bf16 dtype, found {sorted(dtypes)}")
+        raise refuse(name, f"the tiles must share one f16 / bf16 dtype, found {sorted(dtypes)}")
     if not loop.ext.names() <= set(dict(k.sizes)) | {rtile} | batch | group_vars:
-        raise refuse(NAME, f"the tile range {loop.var} < {loop.ext} depends on more than sizes, the block and the group loops")
+        raise refuse(name, f"the tile range {loop.var} < {loop.ext} depends on more than sizes, the block and the group loops")
     for pos, g in enumerate(groups):
         if not g.ext.names() <= set(dict(k.sizes)) | {rtile} | batch | {x.var for x in groups[:pos]}:
-            raise refuse(NAME, f"the group loop {g.var} < {g.ext} depends on more than sizes, the block and outer group loops")
+            raise refuse(name, f"the group loop {g.var} < {g.ext} depends on more than sizes, the block and outer group loops")
     stages = max(s.buf.stages for s in loop.body)
     plan = ScoreSumPlan(k.name, dtypes.pop(), row_tiles, col_tiles, tuple(acc_tiles), tuple(scores), bm, bn, head,
-                        warps, stages, tuple(outs), tuple(g.var for g in groups))
+                        warps, stages, tuple(outs), tuple(g.var for g in groups), instr)
     return _Match(plan, k, loop, tuple(values), row, c, rtile, out_roles, tuple(groups))
 
 
 def score_sums(value: Expr, row: str, c: str, row_index: dict[str, int], col_index: dict[str, int],
-               head: int, k: Kernel, name: str = NAME) -> tuple[Score, ...]:
+               head: int, k: Kernel, name: str = NAME, instr: str = "mma_sync") -> tuple[Score, ...]:
     """The score sums of `value`: each a row tile at [row, e] times a column tile at [c, e]."""
     out: list[Score] = []
     for x in walk(value):
         if not isinstance(x, Reduce):
             continue
-        if x.op != "sum" or x.mma is None or x.mma.instr != "mma_sync":
+        if x.op != "sum" or x.mma is None or x.mma.instr != instr:
             raise refuse(name, f"the reduction {show_expr(x)} in the accumulated value is not a tensor-core score sum")
         if not x.ext.names() <= set(k.fixed()) or x.ext.evaluate(k.fixed()) != head:
             raise refuse(name, f"the score sums {x.var} < {x.ext}, not the whole head dimension {head}")
@@ -339,10 +341,15 @@ def check_elementwise(value: Expr, k: Kernel, allowed: set[str], n: str | None, 
                              "column, the tiles, batch indices and sizes")
 
 
-def element_value_c(k: Kernel, value: Expr, names: dict[str, str], score_of: dict[Reduce, str]) -> str:
+LOG2E = 1.4426950408889634
+
+
+def element_value_c(k: Kernel, value: Expr, names: dict[str, str], score_of: dict[Expr, str],
+                    fast_exp: bool = False) -> str:
     """C expression of the element-wise value at one fragment element: score sums as the fragment
     registers `score_of` names, reads of inputs with their bounds guards, `names` the C names of
-    the kernel IR's index variables (shared by the tile-sum and the store forms)."""
+    the kernel IR's index variables (shared by the tile-sum and the store forms).  fast_exp: exp(x)
+    as ex2.approx.ftz(log2(e) x), the forward's exponential (relative error about 2^-22), not expf."""
     ptr = {t.name: f"p_{ident(t.name)}" for t in k.tensors}
 
     def read(r: Read) -> str:
@@ -350,7 +357,7 @@ def element_value_c(k: Kernel, value: Expr, names: dict[str, str], score_of: dic
         return read_c(t.dims, r.idx, ptr[r.tensor], f"{t.dtype}_to_f32", names)
 
     def val(e: Expr) -> str:
-        if isinstance(e, Reduce):
+        if e in score_of:  # a score sum's register, or a term the caller computed once (common_terms)
             return score_of[e]
         if isinstance(e, Select):
             return f"({conds_c(e.conds, names)} ? {val(e.then)} : {val(e.other)})"
@@ -368,6 +375,8 @@ def element_value_c(k: Kernel, value: Expr, names: dict[str, str], score_of: dic
                 return gt_c(a, b)
             return f"({a} {_BINARY_C[e.op]} {b})"
         if isinstance(e, Un):
+            if fast_exp and e.op == "exp":
+                return f"fast_exp2({float_const_c(LOG2E)} * {val(e.a)})"
             return unary_c(e.op, val(e.a))
         raise ValueError(f"{type(e).__name__} has no element-wise form")
 
@@ -405,7 +414,34 @@ def kernel_params_c(k: Kernel, ptr: dict[str, str]) -> tuple[str, tuple[str, ...
         names.append(d)
     return ", ".join(params), tuple(names)
 
-def context(m: _Match) -> dict:
+def _one_score_per_tile(e: Expr, first: dict[Reduce, Reduce]) -> Expr:
+    """e with each score sum replaced by the first sum of its (row tile, column tile): the sums of
+    one score tile (dV's over e6, dK's over e5) then read alike."""
+    if isinstance(e, Reduce):
+        return first.get(e, e)
+    return map_children(e, lambda x: _one_score_per_tile(x, first))
+
+
+def common_terms(values: tuple[Expr, ...]) -> tuple[Expr, ...]:
+    """The largest sub-expressions holding a score sum that several values hold (dV's P = exp(S - LSE)
+    inside dK's dS): a printer may compute each once per element (each value reads it as it is)."""
+    if len(values) < 2:
+        return ()
+    holding = [{x for x in walk(v) if any(isinstance(y, Reduce) for y in walk(x))} for v in values]
+    shared = {x for x in holding[0] if sum(x in h for h in holding) > 1}
+    inner = {y for x in shared for y in walk(x) if y is not x and y != x}
+    return tuple(sorted((x for x in shared if x not in inner and not isinstance(x, Reduce)), key=show_expr))
+
+
+def shared_context(m: _Match, score_ref: str, skip_rows: int, skip_unit: str, common: bool = False,
+                   fast_exp: bool = False) -> dict:
+    """The template context every instruction's printer of the plan shares: pointers, the tile
+    range, the element-wise values (a score element is `score_ref` formatted with the score's
+    number, C names nt and e in the accumulator layout), the stores; the block skips a tile for
+    the `skip_rows` rows of its unit (`skip_unit`: the C index of the warp / warpgroup) when the
+    guards keep nothing of it there.  With `common`, the common_terms of the values are printed
+    once (`terms`, read by the values as cs<i>); with `fast_exp`, exp is printed as the forward's
+    ex2.approx (element_value_c)."""
     p, k = m.plan, m.k
     fixed = k.fixed()
     sizes = size_names(k.sizes)
@@ -413,22 +449,23 @@ def context(m: _Match) -> dict:
     batch = {g.var: loop_block_var(g.var) for g in k.grid if g.var != m.rtile}
     ptr = {t.name: f"p_{ident(t.name)}" for t in k.tensors}
     elem = DTYPES[p.dtype].bytes
-    threads = p.warps * 32
-    rows_w = p.block_m // p.warps
-    if rows_w * p.warps != p.block_m or rows_w % 16 or p.block_n % 16 or p.head % 16:
-        raise ValueError(f"rows per warp {p.block_m}/{p.warps}, column tile {p.block_n} and head dim {p.head} "
-                         "must be multiples of 16")
     group = {g.var: loop_block_var(g.var) for g in m.groups}
     names = {**sizes, **batch, **group, m.rtile: "rt", m.loop.var: "it", m.row: "er_", m.col: "ec_"}
     keys = [(s.row, s.col) for s in p.scores]
     row_index = {t.buf: i for i, t in enumerate(p.row_tiles)}
     col_index = {t.buf: i for i, t in enumerate(p.col_tiles)}
     # every sum's score sums read the one tile of their (row tile, column tile)
-    score_of = {sc.sum: f"sc{keys.index((sc.row, sc.col))}[mi][nt][e]" for v in m.values
-                for sc in score_sums(v, m.row, m.col, row_index, col_index, p.head, k)}
+    scores = [sc for v in m.values for sc in score_sums(v, m.row, m.col, row_index, col_index, p.head, k, instr=p.mma)]
+    score_of = {sc.sum: score_ref.format(keys.index((sc.row, sc.col))) for sc in scores}
+    values = m.values
+    if common:
+        first: dict[tuple[int, int], Reduce] = {}
+        for sc in scores:
+            first.setdefault((sc.row, sc.col), sc.sum)
+        values = tuple(_one_score_per_tile(v, {sc.sum: first[(sc.row, sc.col)] for sc in scores}) for v in values)
 
     # the zero guards over the tile index; a disjunction (prefix-LM's j <= i || j < Prefix) narrows
-    # the range to the union of its parts' ranges, and a warp is empty where every part is
+    # the range to the union of its parts' ranges, and a unit is empty where every part is
     guards = tuple(c for c in _common_guards(m.values) if m.loop.var in c.names())
     blk = {**sizes, **batch, **group, m.rtile: "rt"}
     box = {m.row: ("0", str(p.block_m - 1)), m.col: ("0", str(p.block_n - 1))}
@@ -442,20 +479,18 @@ def context(m: _Match) -> dict:
                 for g in guards for c in comparisons(g))
     rdim = next(g for g in k.grid if g.var == m.rtile)
     rtile_expr = f"(int)({ext_c(rdim.ext, sizes)} - 1 - {bidx[m.rtile]})" if grows else f"(int){bidx[m.rtile]}"
-    warp_box = {m.row: ("(warp * %d)" % rows_w, "(warp * %d + %d)" % (rows_w, rows_w - 1)),
+    unit_box = {m.row: (f"({skip_unit} * {skip_rows})", f"({skip_unit} * {skip_rows} + {skip_rows - 1})"),
                 m.col: ("0", str(p.block_n - 1))}
     wnames = {**blk, m.loop.var: "it"}
-    empty = " || ".join(box_extremes(c, warp_box, wnames)[1] for c in guards) if guards else None
+    empty = " || ".join(box_extremes(c, unit_box, wnames)[1] for c in guards) if guards else None
     params, arg_names = kernel_params_c(k, ptr)
-    tile_bytes_r = p.block_m * p.head * elem
-    tile_bytes_c = p.block_n * p.head * elem
-    row_smem = len(p.row_tiles) * tile_bytes_r
-    col_smem = p.stages * len(p.col_tiles) * tile_bytes_c
     out_seq = p.outs[0].dims[p.outs[0].roles.index("seq")]
+    terms = common_terms(values) if common else ()
+    named = {t: f"cs{i}" for i, t in enumerate(terms)}
+    exp_kw = {"fast_exp": True} if fast_exp else {}
     return dict(
-        kname=ident(k.name), threads=threads, dt=p.dtype, ct=p.dtype + "_t", elem=elem, vec=16 // elem,
-        D=p.head, BM=p.block_m, BN=p.block_n, ROWS_W=rows_w, MI=rows_w // 16, NT=p.block_n // 8,
-        KD=p.head // 16, KT2=p.block_n // 16, DT=p.head // 8, stages=p.stages, swizzle=True,
+        kname=ident(k.name), dt=p.dtype, ct=p.dtype + "_t", elem=elem, vec=16 // elem,
+        D=p.head, BM=p.block_m, BN=p.block_n, stages=p.stages,
         params=params, _arg_names=arg_names,
         batch_decls=[f"const long long {v} = {bidx[g]};" for g, v in batch.items()],
         groups=[dict(var=group[g.var], ext=f"(long long)({ext_c(g.ext, {**blk, **group})})") for g in m.groups],
@@ -466,11 +501,31 @@ def context(m: _Match) -> dict:
                         lim=sizes[t.rows_size]) for t in p.col_tiles],
         row_lds=[stride_c(t.op, t.op.roles.index("seq"), fixed) for t in p.row_tiles],
         scores=[dict(row=s.row, col=s.col) for s in p.scores],
-        accs=[dict(tile=t, value=element_value_c(k, v, names, score_of), out_dt=o.dtype, out_name=o.name,
+        terms=[element_value_c(k, t, names, score_of, **exp_kw) for t in terms],
+        accs=[dict(tile=t, value=element_value_c(k, v, names, {**score_of, **named}, **exp_kw), out_dt=o.dtype, out_name=o.name,
                    out_ptr=ptr[o.name], out_base=base_c(o, fixed, "rt * %d" % p.block_m),
                    out_ld=stride_c(o, o.roles.index("seq"), fixed))
-              for t, v, o in zip(p.acc_tiles, m.values, p.outs)],
-        begin_expr=begin, end_expr=end, warp_empty=empty, out_lim=f"{sizes[out_seq]} - rt * {p.block_m}",
+              for t, v, o in zip(p.acc_tiles, values, p.outs)],
+        begin_expr=begin, end_expr=end, unit_empty=empty, out_lim=f"{sizes[out_seq]} - rt * {p.block_m}",
+    )
+
+
+def context(m: _Match) -> dict:
+    p = m.plan
+    elem = DTYPES[p.dtype].bytes
+    threads = p.warps * 32
+    rows_w = p.block_m // p.warps
+    if rows_w * p.warps != p.block_m or rows_w % 16 or p.block_n % 16 or p.head % 16:
+        raise ValueError(f"rows per warp {p.block_m}/{p.warps}, column tile {p.block_n} and head dim {p.head} "
+                         "must be multiples of 16")
+    tile_bytes_r = p.block_m * p.head * elem
+    tile_bytes_c = p.block_n * p.head * elem
+    row_smem = len(p.row_tiles) * tile_bytes_r
+    col_smem = p.stages * len(p.col_tiles) * tile_bytes_c
+    return dict(
+        shared_context(m, "sc{}[mi][nt][e]", rows_w, "warp"),
+        threads=threads, ROWS_W=rows_w, MI=rows_w // 16, NT=p.block_n // 8,
+        KD=p.head // 16, KT2=p.block_n // 16, DT=p.head // 8, swizzle=True,
         smem_bytes=row_smem + col_smem, col_smem_off=row_smem, tile_bytes_r=tile_bytes_r, tile_bytes_c=tile_bytes_c,
         summary=(f"mma.sync tile sum {p.block_m}x{p.block_n} d{p.head}, warps {p.warps}, stages {p.stages}, "
                  f"{len(p.acc_tiles)} sum(s), {len(p.scores)} score tile(s), row tiles {len(p.row_tiles)}, column tiles {len(p.col_tiles)}"

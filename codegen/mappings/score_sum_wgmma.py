@@ -1,0 +1,87 @@
+"""Warpgroup tensor-core mapping (wgmma, sm_90a) of a tile sum over score tiles: the attention
+backward's dV / dK (and dQ) on Hopper.  The plan is the mma.sync printer's (score_sum.match, with
+the sums mapped to wgmma): the meaning is decided by the rules, this printer only picks the
+instructions.
+
+    stage R_t (row tiles, once)                       -> shared, 128-byte swizzled 64-column panels
+    for it in the tile range:
+        stage C_t (column tiles, a cp.async ring)    -> shared, same layout
+        score tile  = R_t . C_tᵀ        wgmma, both operands K-major in shared memory
+        A<i>        = the kernel IR's value of sum i, element-wise on the accumulator layout
+        acc<i>     += A<i> . X<i>       wgmma, A from registers, X (a column tile read at
+                                        [column, output column]) MN-major in shared memory
+
+Each warpgroup owns 64 of the block's rows (m64 of wgmma).  The rows of the score tile are the
+rows of the block (dV / dK: rows = keys, the score is Sᵀ = K·Qᵀ as FlashAttention-2 computes it),
+so the accumulator of the score tile is, element for element, the register A fragment of the
+accumulation (the identity the forward's P·V uses): Pᵀ and dSᵀ never go through shared memory.
+One shared tile serves as the K-major B of a score (rows = n) and as the MN-major B of an
+accumulation (rows = k): the panelled swizzled layout is the same for both.
+The sums' values are formed side by side per element, the sub-expressions several of them hold
+(P = exp(S - LSE), inside dK's dS = P (dP - D) too: score_sum.common_terms) computed once, exp
+as the forward computes it (ex2.approx of log2(e) x).
+
+Refused by name: head dims other than 64 and 128 (the accumulators of two sums of d128 and two
+score tiles fill the register file; d256 does not fit), blocks that are not whole warpgroups of
+64 rows, column tiles that are not a multiple of 16 rows up to 128, group loops (GQA's sum over
+query heads), and everything score_sum.match refuses.
+"""
+from __future__ import annotations
+
+from ..kir.ir import Kernel
+from ..source import KernelSource
+from .common import launch_of, refuse
+from .ctx_common import DEFAULT_OPTIONS, source
+from .registry import Mapping, Printed, Variant, register
+from .score_sum import ScoreSumPlan, _Match, match, shared_context
+
+NAME = "score_sum wgmma"
+HEADS = (64, 128)
+PANEL = 64  # elements of a 128-byte swizzle row (f16 / bf16)
+
+
+def check_plan(p: ScoreSumPlan) -> None:
+    """Refuse by name what the template does not implement."""
+    if p.head not in HEADS:
+        raise refuse(NAME, f"head dim {p.head}: only {' and '.join(map(str, HEADS))} are implemented")
+    if p.warps % 4 or p.block_m != 16 * p.warps:
+        raise refuse(NAME, f"{p.block_m} rows over {p.warps} warps: wgmma needs whole warpgroups of 64 rows "
+                     "(16 rows per warp)")
+    if p.block_n % 16 or not 16 <= p.block_n <= 128:
+        raise refuse(NAME, f"column tiles of {p.block_n} rows: a multiple of 16 up to 128 is implemented")
+    if p.groups:
+        raise refuse(NAME, f"group loops ({', '.join(p.groups)}: a sum over query heads) are not implemented")
+
+
+def context(m: _Match) -> dict:
+    p = m.plan
+    elem = 2
+    tile_bytes_r = p.block_m * p.head * elem
+    tile_bytes_c = p.block_n * p.head * elem
+    row_smem = len(p.row_tiles) * tile_bytes_r
+    col_smem = p.stages * len(p.col_tiles) * tile_bytes_c
+    return dict(
+        shared_context(m, "sc{}[4 * nt + e]", 64, "wgi", common=True, fast_exp=True),
+        threads=p.warps * 32, NWG=p.warps // 4, PANEL=PANEL, PANELS=p.head // PANEL,
+        SN=p.block_n // 2, AN=p.head // 2, KD=p.head // 16, KT=p.block_n // 16,
+        # 1024 bytes of slack: the tiles start at the next 1024-byte boundary (the swizzle atom)
+        smem_bytes=row_smem + col_smem + 1024, col_smem_off=row_smem,
+        tile_bytes_r=tile_bytes_r, tile_bytes_c=tile_bytes_c,
+        summary=(f"wgmma tile sum {p.block_m}x{p.block_n} d{p.head}, warpgroups {p.warps // 4}, stages {p.stages}, "
+                 f"{len(p.acc_tiles)} sum(s), {len(p.scores)} score tile(s), row tiles {len(p.row_tiles)}, "
+                 f"column tiles {len(p.col_tiles)}"),
+    )
+
+
+def render(k: Kernel, options: tuple[str, ...] = DEFAULT_OPTIONS) -> Printed:
+    m = match(k, "wgmma", NAME)
+    check_plan(m.plan)
+    try:
+        ks: KernelSource = source("score_sum_wgmma.cu.j2", context(m), options)
+    except ValueError as exc:
+        raise refuse(NAME, str(exc)) from None
+    promises = {"expect_mma": "wgmma", "expect_async_copy": True, "forbid_spills": True}
+    return Printed("score_sum_wgmma", k, m.plan, (Variant("kernel", ks, launch_of(k, ks)),), promises)
+
+
+register(Mapping("score_sum_wgmma", "score_sum", "wgmma", lambda k, o: render(k, o), prints_also=True))
