@@ -278,12 +278,14 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 #
 # The suite runs under pytest-xdist (`-n auto --dist loadgroup`, README).  Modules whose
 # module-scoped fixture is expensive (a wheel, a compiled Coq library, every example's kernel)
-# run on one worker, so the fixture is built once; the other tests spread over the workers.
+# run on one worker, so the fixture is built once; the other tests spread over the workers (a
+# module-scoped fixture is set up once per worker that runs a test using it).
 # test_rules_property.py too: its coverage test reads the rule counts its property tests
 # gathered in the same process.
 
 ONE_WORKER_MODULES = frozenset({
     "test_packaging.py", "test_proof_library.py", "test_obligations_mutation.py", "test_rules_property.py",
+    "test_bottom_right_grad.py", "test_schedule_variants.py",
 })
 
 

@@ -180,6 +180,9 @@ def render_guide(text: str, workdir: Path) -> tuple[str, dict[str, str], list[st
     return "".join(pieces), files, commands
 
 
+GUIDE_RUN_GROUP = pytest.mark.xdist_group("guide-run")  # the tests of guide_run on one worker: it runs once
+
+
 @pytest.fixture(scope="module")
 def guide_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str, dict[str, str], list[str], Path]:
     """The guide re-run once: (text, re-rendered text, files, commands, working directory)."""
@@ -189,6 +192,7 @@ def guide_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str, dict[
     return text, fresh, files, commands, work
 
 
+@GUIDE_RUN_GROUP
 def test_guide_output_is_what_the_cli_prints(guide_run):
     text, fresh, files, commands, _ = guide_run
     assert {"gemm.yaml", "attention.yaml"} <= set(files)
@@ -196,6 +200,7 @@ def test_guide_output_is_what_the_cli_prints(guide_run):
         assert _normal(old[1]) == _normal(new[1]), f"docs/guide.md is stale (python tests/test_guide.py):\n{new[1]}"
 
 
+@GUIDE_RUN_GROUP
 def test_guide_final_schedules_build_tensor_core_kernels(guide_run):
     """The guide's whole GEMM and attention files are built by its own `derivc build` commands
     (--no-proofs: NVRTC, SASS checks where the CUDA tools are, the kernel text run on the CPU)."""
@@ -244,6 +249,7 @@ def _output_patterns() -> list[re.Pattern[str]]:
     return out
 
 
+@GUIDE_RUN_GROUP
 def test_readme_outputs_table_lists_every_file_a_build_writes(guide_run):
     _, _, _, commands, work = guide_run
     patterns = _output_patterns()

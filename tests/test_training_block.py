@@ -94,8 +94,10 @@ def built(tmp_path_factory, example_build) -> Callable[[str], Path]:
 
 
 def piece_params() -> list:
-    """The pieces; one that is an example runs in that example's xdist group (with its build)."""
-    return [pytest.param(name, marks=[pytest.mark.xdist_group(f"example-{spec.stem}")] if spec.parent == EXAMPLES_DIR else [])
+    """The pieces, the tests of one piece in one xdist group (its build is made once): an example's
+    in that example's group (with the run's shared build)."""
+    return [pytest.param(name, marks=pytest.mark.xdist_group(f"example-{spec.stem}" if spec.parent == EXAMPLES_DIR
+                                                              else f"train-block-{name}"))
             for name, (spec, _) in trainblock.PIECES.items()]
 
 
