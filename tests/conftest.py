@@ -401,23 +401,6 @@ def example_build(tmp_path_factory) -> Callable[..., SharedBuild]:
     return get
 
 
-@pytest.fixture(scope="session")
-def mutant_env(tmp_path_factory) -> Callable[..., dict[str, str]]:
-    """env(copy=None) -> the environment of a subprocess build (from a mutated copy of the
-    packages: PYTHONPATH the copy) with the run's $DERIVC_CHECK_CACHE (compiler.checkcache): the
-    mutations of one example rebuild it at one seed with only codegen changed, so its
-    derivation's numeric checks run once per run (a mutation under compiler/ changes the key)."""
-    import os
-
-    root = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        root = root.parent  # share .../pytest-N between the workers
-    def env(copy: Path | None = None) -> dict[str, str]:
-        return {**os.environ, **({"PYTHONPATH": str(copy)} if copy else {}), "DERIVC_CHECK_CACHE": str(root / "check-cache")}
-
-    return env
-
-
 @pytest.fixture(scope="session", autouse=True)
 def coqc_once_per_obligation(tmp_path_factory):
     """Within one test run, the Coq library is compiled once per source content and coqc

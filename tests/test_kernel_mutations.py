@@ -19,7 +19,6 @@ import pytest
 from derivc_testing import codegen_checks_of_mutant
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("compiler", "codegen", "derivc")
 T = "codegen/mappings/templates/"
 
 
@@ -106,11 +105,6 @@ MUTATIONS = (
     Mutation("split_kv_mma_m_in_log2_units", "decode_splitkv.yaml", T + "online_fold.cu.j2",
              "= 0.693147180559945309f * m_r[mi][h];", "= m_r[mi][h];"),
 )
-
-
-def _copy(dst: Path) -> None:
-    for pkg in PACKAGES:
-        shutil.copytree(ROOT / pkg, dst / pkg, ignore=shutil.ignore_patterns("__pycache__"))
 
 
 def apply(m: Mutation, root: Path) -> None:
