@@ -16,7 +16,7 @@ if __name__ == "__main__":  # run as a script (rewrites the guide): the test hel
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import conftest  # noqa: F401 - registers derivc_testing
-from derivc_testing import ROOT, run_cli
+from derivc_testing import ROOT, run_cli, sweep_sample
 
 from compiler import hints
 from compiler.derive import derive
@@ -89,11 +89,15 @@ def test_every_hint_is_accepted_at_every_prefix(name: str):
     assert _check_hints_at_every_prefix(ROOT / "examples" / name) >= len(spec.schedule)
 
 
+OTHER_EXAMPLES = [p for p in sorted((ROOT / "examples").glob("*.yaml")) if p.name not in HINT_EXAMPLES]
+
+
 @pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("DERIVC_HINT_SWEEP"), reason="two minutes: DERIVC_HINT_SWEEP=1 runs it")
-@pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.stem)
+@pytest.mark.sweep
+@pytest.mark.parametrize("path", sweep_sample(OTHER_EXAMPLES, 4, "hints"), ids=lambda p: p.stem)
 def test_every_hint_is_accepted_on_every_example(path: Path):
-    """The same on every example's (forward) schedule: about 5,000 hints, two minutes of CPU."""
+    """The same on the other examples' (forward) schedules: a sweep, 4 examples drawn per run
+    (DERIVC_SWEEP_FULL=1: every one, about 5,000 hints, two minutes of CPU)."""
     _check_hints_at_every_prefix(path)
 
 

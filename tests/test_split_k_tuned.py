@@ -58,7 +58,9 @@ def test_a_tuned_chain_runs_the_recorded_variant(built):
         k = derivc.load(built, device="emu")
         assert isinstance(k, TunedChain)
         rng = np.random.default_rng(0)
-        for sizes, want in ((small, "split_k-2"), (skinny, "split_k-8"), ({"M": 3, "N": 5, "K": 7}, "split_k-2")):
+        default = json.loads((built / "variants.json").read_text())["default"]
+        assert default == "split_k-4"  # the example's first value: unmeasured shapes run it
+        for sizes, want in ((small, "split_k-2"), (skinny, "split_k-8"), ({"M": 3, "N": 5, "K": 7}, default)):
             a = rng.standard_normal((sizes["M"], sizes["K"])).astype(np.float16)
             b = rng.standard_normal((sizes["K"], sizes["N"])).astype(np.float16)
             assert k.variant_at((a.shape, b.shape)) == want
