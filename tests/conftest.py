@@ -16,12 +16,13 @@ the bare name `conftest` is ambiguous once a subdirectory (tests/gpu/) has a con
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import sys
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import pytest
 import yaml
@@ -197,16 +198,94 @@ def test_rules(monkeypatch):
     return RULES
 
 
+# --------------------------------------------------------------------------- sweeps
+#
+# A sweep (marker `sweep`) runs a bounded sample of its cases (generated specs, signal instants):
+# `sweep_sample(cases, budget, name)`.  The sample is drawn with the run's seed: $DERIVC_SWEEP_SEED,
+# or one derived from the git HEAD and the UTC date (so CI draws other cases each day and on each
+# commit), set before the xdist workers start so that they all collect the same cases, and printed
+# in the summary and beside every failing sweep case: DERIVC_SWEEP_SEED=S replays a draw.
+# DERIVC_SWEEP_FULL=1 runs every case of every sweep.
+
+SWEEP_SEED_ENV = "DERIVC_SWEEP_SEED"
+SWEEP_FULL_ENV = "DERIVC_SWEEP_FULL"
+
+
+def _run_sweep_seed() -> int:
+    import datetime
+    import hashlib
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        head = ""
+    day = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
+    return int.from_bytes(hashlib.sha256(f"{head}:{day}".encode()).digest()[:4], "big") >> 1
+
+
+def sweep_seed() -> int:
+    import os
+
+    if SWEEP_SEED_ENV not in os.environ:  # outside pytest (pytest_configure sets it)
+        os.environ[SWEEP_SEED_ENV] = str(_run_sweep_seed())
+    return int(os.environ[SWEEP_SEED_ENV])
+
+
+def sweep_full() -> bool:
+    import os
+
+    return os.environ.get(SWEEP_FULL_ENV, "") not in ("", "0")
+
+
+def sweep_sample(cases: Sequence[Any], budget: int, name: str) -> list[Any]:
+    """`budget` of `cases` (kept in their order) drawn with the run's sweep seed and `name` (each
+    sweep draws on its own); every case under DERIVC_SWEEP_FULL=1."""
+    import random
+
+    if sweep_full() or budget >= len(cases):
+        return list(cases)
+    picked = sorted(random.Random(f"{sweep_seed()}:{name}").sample(range(len(cases)), budget))
+    return [cases[k] for k in picked]
+
+
+def pytest_configure(config):
+    sweep_seed()  # in the controller, before the workers start: they inherit it
+
+
+def pytest_report_header(config):
+    return f"sweeps: {'every case' if sweep_full() else 'a sample'}, {SWEEP_SEED_ENV}={sweep_seed()}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and item.get_closest_marker("sweep"):
+        report.sections.append(("sweep", f"a sweep case: {SWEEP_SEED_ENV}={sweep_seed()} draws it again "
+                                         f"({SWEEP_FULL_ENV}=1 runs every case)"))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if terminalreporter.stats and any(r.keywords.get("sweep") for key in ("passed", "failed")
+                                      for r in terminalreporter.stats.get(key, []) if hasattr(r, "keywords")):
+        terminalreporter.write_line(f"sweeps ran {'every case' if sweep_full() else 'a sample'}: "
+                                    f"{SWEEP_SEED_ENV}={sweep_seed()} replays it, {SWEEP_FULL_ENV}=1 runs every case")
+
+
 # --------------------------------------------------------------------------- parallel runs
 #
 # The suite runs under pytest-xdist (`-n auto --dist loadgroup`, README).  Modules whose
 # module-scoped fixture is expensive (a wheel, a compiled Coq library, every example's kernel)
-# run on one worker, so the fixture is built once; the other tests spread over the workers.
+# run on one worker, so the fixture is built once; the other tests spread over the workers (a
+# module-scoped fixture is set up once per worker that runs a test using it).
 # test_rules_property.py too: its coverage test reads the rule counts its property tests
 # gathered in the same process.
 
 ONE_WORKER_MODULES = frozenset({
     "test_packaging.py", "test_proof_library.py", "test_obligations_mutation.py", "test_rules_property.py",
+    "test_bottom_right_grad.py", "test_schedule_variants.py",
 })
 
 
@@ -322,23 +401,6 @@ def example_build(tmp_path_factory) -> Callable[..., SharedBuild]:
     return get
 
 
-@pytest.fixture(scope="session")
-def mutant_env(tmp_path_factory) -> Callable[..., dict[str, str]]:
-    """env(copy=None) -> the environment of a subprocess build (from a mutated copy of the
-    packages: PYTHONPATH the copy) with the run's $DERIVC_CHECK_CACHE (compiler.checkcache): the
-    mutations of one example rebuild it at one seed with only codegen changed, so its
-    derivation's numeric checks run once per run (a mutation under compiler/ changes the key)."""
-    import os
-
-    root = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        root = root.parent  # share .../pytest-N between the workers
-    def env(copy: Path | None = None) -> dict[str, str]:
-        return {**os.environ, **({"PYTHONPATH": str(copy)} if copy else {}), "DERIVC_CHECK_CACHE": str(root / "check-cache")}
-
-    return env
-
-
 @pytest.fixture(scope="session", autouse=True)
 def coqc_once_per_obligation(tmp_path_factory):
     """Within one test run, the Coq library is compiled once per source content and coqc
@@ -433,6 +495,79 @@ def coqc_once_per_obligation(tmp_path_factory):
         # compiled library, never the user's ~/.cache
         mp.setenv("DERIVC_COQ_CACHE", str(root / "coq-cache"))
         yield
+
+
+# --------------------------------------------------------------------------- mutants of codegen/
+
+
+@functools.lru_cache(maxsize=None)
+def checked_derivations(spec: Path, seed: int) -> tuple[Any, Any]:
+    """(the derivation, its backward or None) of `derivc build SPEC --seed SEED`, numeric checks
+    included (they give the kernel step its sizes and draws): derived once per test process."""
+    from compiler.derive import derive
+    from compiler.derive_grad import derive_gradient
+    from compiler.spec import load_spec_file
+
+    loaded = load_spec_file(spec)
+    assert not loaded.variants, f"{spec}: schedule variants: build it through the CLI"
+    d = derive(loaded, str(spec), seed=seed)
+    backward = derive_gradient(loaded, str(spec), seed=d.seed) if loaded.grad is not None else None
+    return d, backward
+
+
+def codegen_checks_of_mutant(spec: Path, copy: Path, seed: int = 7, timeout: int = 600) -> str | None:
+    """The codegen checks of `derivc build SPEC --seed SEED` (`lowering`, then the `kernel` step:
+    the printed text run on the CPU), for every kernel the build prints (the forward or each
+    kernel of its chain, then the backward's), by the codegen/ package of `copy` (a mutated copy):
+    the first failure as "KERNEL: message", or None when every kernel passes.
+
+    The derivation is the unmutated compiler's, derived once per process (checked_derivations):
+    a child forked from this process imports copy/codegen in place of codegen/ and runs
+    codegen.build's prepare / print_checked / check_text on it, as compiler.cli does before it
+    writes a kernel (NVRTC and the SASS checks come after the kernel step; a mutant never gets
+    there).  A mutation of compiler/ needs a subprocess build instead."""
+    import os
+    import signal
+
+    d, backward = checked_derivations(Path(spec).resolve(), seed)
+    result = Path(copy) / "codegen-checks.txt"
+    result.unlink(missing_ok=True)
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 1
+        try:
+            signal.alarm(timeout)
+            for name in [m for m in sys.modules if m == "codegen" or m.startswith("codegen.")]:
+                del sys.modules[name]
+            sys.path.insert(0, str(Path(copy).resolve()))
+            from codegen import build
+
+            assert Path(build.__file__).resolve().is_relative_to(Path(copy).resolve()), build.__file__
+            from compiler.kernel_chain import chain_of, kernel_derivations
+
+            kernels = kernel_derivations(d) if chain_of(d) else [d]
+            kernels += list(backward.kernels) if backward is not None else []
+            failure = ""
+            for k in kernels:
+                name = getattr(k, "grad_kernel", None) or (getattr(k, "chain_kernel", None) or {}).get("kernel") or k.final.output
+                try:
+                    build.check_text(k, build.print_checked(build.prepare(k)[0]))
+                except Exception as exc:  # noqa: BLE001 - what the build would report
+                    failure = f"{name}: {exc}" if isinstance(exc, build.CodegenError) else f"{name}: {type(exc).__name__}: {exc}"
+                    break
+            result.write_text(failure)
+            code = 0
+        except BaseException:  # noqa: BLE001
+            import traceback
+
+            result.write_text("helper failed: " + traceback.format_exc())
+            code = 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    text = result.read_text() if result.exists() else ""
+    assert os.waitstatus_to_exitcode(status) == 0, f"the forked codegen checks died ({status}): {text}"
+    return text or None
 
 
 def spec_builder(root: Path):

@@ -10,12 +10,19 @@ import os
 
 import pytest
 
+from derivc_testing import sweep_sample, sweep_seed
 from specgen import cases, build_case
 
+# A sweep: 4 of 12 cases generated from the run's sweep seed (DERIVC_SWEEP_FULL=1: all 12;
+# DERIVC_DIFF_SEED / DERIVC_DIFF_CASES: other generated cases, all of them)
 N_CASES = int(os.environ.get("DERIVC_DIFF_CASES", "12"))
-CASES = cases(N_CASES, seed=int(os.environ.get("DERIVC_DIFF_SEED", "11")))
+SEED = int(os.environ.get("DERIVC_DIFF_SEED", sweep_seed()))
+CASES = cases(N_CASES, seed=SEED)
+if "DERIVC_DIFF_CASES" not in os.environ:
+    CASES = sweep_sample(CASES, 4, "differential")
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_generated_case_builds_with_the_expected_mapping(case, tmp_path):
     code, err, out = build_case(case, tmp_path)

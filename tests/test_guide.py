@@ -16,7 +16,7 @@ if __name__ == "__main__":  # run as a script (rewrites the guide): the test hel
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import conftest  # noqa: F401 - registers derivc_testing
-from derivc_testing import ROOT, run_cli
+from derivc_testing import ROOT, run_cli, sweep_sample
 
 from compiler import hints
 from compiler.derive import derive
@@ -89,11 +89,15 @@ def test_every_hint_is_accepted_at_every_prefix(name: str):
     assert _check_hints_at_every_prefix(ROOT / "examples" / name) >= len(spec.schedule)
 
 
+OTHER_EXAMPLES = [p for p in sorted((ROOT / "examples").glob("*.yaml")) if p.name not in HINT_EXAMPLES]
+
+
 @pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("DERIVC_HINT_SWEEP"), reason="two minutes: DERIVC_HINT_SWEEP=1 runs it")
-@pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.stem)
+@pytest.mark.sweep
+@pytest.mark.parametrize("path", sweep_sample(OTHER_EXAMPLES, 4, "hints"), ids=lambda p: p.stem)
 def test_every_hint_is_accepted_on_every_example(path: Path):
-    """The same on every example's (forward) schedule: about 5,000 hints, two minutes of CPU."""
+    """The same on the other examples' (forward) schedules: a sweep, 4 examples drawn per run
+    (DERIVC_SWEEP_FULL=1: every one, about 5,000 hints, two minutes of CPU)."""
     _check_hints_at_every_prefix(path)
 
 
@@ -180,6 +184,9 @@ def render_guide(text: str, workdir: Path) -> tuple[str, dict[str, str], list[st
     return "".join(pieces), files, commands
 
 
+GUIDE_RUN_GROUP = pytest.mark.xdist_group("guide-run")  # the tests of guide_run on one worker: it runs once
+
+
 @pytest.fixture(scope="module")
 def guide_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str, dict[str, str], list[str], Path]:
     """The guide re-run once: (text, re-rendered text, files, commands, working directory)."""
@@ -189,6 +196,7 @@ def guide_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str, dict[
     return text, fresh, files, commands, work
 
 
+@GUIDE_RUN_GROUP
 def test_guide_output_is_what_the_cli_prints(guide_run):
     text, fresh, files, commands, _ = guide_run
     assert {"gemm.yaml", "attention.yaml"} <= set(files)
@@ -196,6 +204,7 @@ def test_guide_output_is_what_the_cli_prints(guide_run):
         assert _normal(old[1]) == _normal(new[1]), f"docs/guide.md is stale (python tests/test_guide.py):\n{new[1]}"
 
 
+@GUIDE_RUN_GROUP
 def test_guide_final_schedules_build_tensor_core_kernels(guide_run):
     """The guide's whole GEMM and attention files are built by its own `derivc build` commands
     (--no-proofs: NVRTC, SASS checks where the CUDA tools are, the kernel text run on the CPU)."""
@@ -244,6 +253,7 @@ def _output_patterns() -> list[re.Pattern[str]]:
     return out
 
 
+@GUIDE_RUN_GROUP
 def test_readme_outputs_table_lists_every_file_a_build_writes(guide_run):
     _, _, _, commands, work = guide_run
     patterns = _output_patterns()

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from derivc_testing import ROOT, gemm_yaml, run_cli
+from derivc_testing import ROOT, gemm_yaml, run_cli, sweep_sample
 
 from codegen.emu.compile import emu_cache_dir
 from compiler import outdir as outdir_mod
@@ -240,14 +240,16 @@ def test_real_build_interrupted_at_a_few_instants(tmp_path: Path, fresh_nvrtc_en
 
 
 @pytest.mark.slow
+@pytest.mark.sweep
 def test_real_build_interrupted_at_any_instant(tmp_path: Path, fresh_nvrtc_env):
-    """20 instants spread over a real build (NVRTC uncached), one signal or two in a row."""
+    """20 instants spread over a real build (NVRTC uncached), one signal or two in a row: a sweep,
+    6 of them drawn per run (DERIVC_SWEEP_FULL=1: all 20)."""
     start, duration = _timed_build(tmp_path, fresh_nvrtc_env)
     rng = random.Random(20)
     kinds = [(TERM,), (INT,), (TERM, TERM), (INT, TERM)]
     shots = [(start + (duration * 1.05 - start) * k / 19, kinds[k % 4]) for k in range(20)]
     rng.shuffle(shots)
-    sweep(tmp_path, fresh_nvrtc_env, shots)
+    sweep(tmp_path, fresh_nvrtc_env, sweep_sample(shots, 6, "interrupted build"))
 
 
 # --------------------------------------------------------------------------- broken pipe

@@ -1,9 +1,9 @@
 """The mutation suite of the `kernel` step: a semantic change to a template or a printer must make
 `derivc build` fail at the `kernel` step (the printed text run on the CPU against the spec).
 
-Each mutation edits one file of a private copy of the packages (compiler/, codegen/, derivc/)
-and builds one example from that copy in a subprocess; the build must exit 3 with the `kernel`
-step named.  The first ten are the ones a hostile audit on 2026-12-01 slipped past every CPU
+Each mutation edits one file of a private copy of codegen/ and runs the codegen checks of one
+example's build with that copy on the build's derivation (derivc_testing.codegen_checks_of_mutant:
+derived once per example, checked in a forked child); the `kernel` step must fail.  The first ten are the ones a hostile audit on 2026-12-01 slipped past every CPU
 check (issue 15); the rest cover the instructions the emulation stands for (swizzle, pipeline
 depth, mbarrier waits, ldmatrix, descriptors), the printers (epilogue, grid decode) and SPLIT-KV's
 partial fold on mma.sync (strided key tiles, the stored state).
@@ -11,15 +11,14 @@ partial fold on mma.sync (strided key tiles, the stored state).
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from derivc_testing import codegen_checks_of_mutant
+
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("compiler", "codegen", "derivc")
 T = "codegen/mappings/templates/"
 
 
@@ -108,11 +107,6 @@ MUTATIONS = (
 )
 
 
-def _copy(dst: Path) -> None:
-    for pkg in PACKAGES:
-        shutil.copytree(ROOT / pkg, dst / pkg, ignore=shutil.ignore_patterns("__pycache__"))
-
-
 def apply(m: Mutation, root: Path) -> None:
     path = root / m.path
     text = path.read_text()
@@ -123,19 +117,36 @@ def apply(m: Mutation, root: Path) -> None:
     path.write_text(text[:at] + m.new + text[at + len(m.old):])
 
 
-@pytest.mark.parametrize("m", MUTATIONS, ids=[m.name for m in MUTATIONS])
-def test_mutation_fails_at_the_kernel_step(m: Mutation, tmp_path: Path, mutant_env) -> None:
-    _copy(tmp_path)
-    apply(m, tmp_path)
-    out = tmp_path / "out"
-    env = mutant_env(tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "compiler", "build", str(ROOT / "examples" / m.example),
-                           "-o", str(out), "--no-proofs", "--seed", "7"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    err = proc.stderr.strip()
-    assert proc.returncode == 3, f"{m.name}: the mutated build exited {proc.returncode}: {err[-600:]}"
-    assert "kernel:" in err, f"{m.name}: failed, but not at the kernel step: {err[-600:]}"
-    assert not out.exists()
+def assert_caught_at_the_kernel_step(m: Mutation, copy: Path) -> str:
+    """Mutate a copy of codegen/ and run the example's codegen checks with it (derivc_testing.
+    codegen_checks_of_mutant: the build's derivation, derived once per process): the `kernel`
+    step must fail.  Returns the failure ("KERNEL: kernel: ...")."""
+    assert m.path.startswith("codegen/"), f"{m.name}: a mutation outside codegen/ needs a subprocess build"
+    shutil.copytree(ROOT / "codegen", copy / "codegen", ignore=shutil.ignore_patterns("__pycache__"))
+    apply(m, copy)
+    failure = codegen_checks_of_mutant(ROOT / "examples" / m.example, copy, seed=7)
+    assert failure is not None, f"{m.name}: every kernel of the mutated build passed its checks"
+    assert ": kernel: " in failure, f"{m.name}: failed, but not at the kernel step: {failure[-600:]}"
+    return failure
+
+
+def mutation_params(mutations: tuple[Mutation, ...]) -> list:
+    """One parameter per mutation, in the xdist group of its example: the example is derived
+    once, by the worker that runs its mutants (and its shared build)."""
+    return [pytest.param(m, id=m.name, marks=pytest.mark.xdist_group(f"example-{Path(m.example).stem}"))
+            for m in mutations]
+
+
+@pytest.mark.parametrize("m", mutation_params(MUTATIONS))
+def test_mutation_fails_at_the_kernel_step(m: Mutation, tmp_path: Path) -> None:
+    assert_caught_at_the_kernel_step(m, tmp_path)
+
+
+def test_an_unmutated_copy_passes_every_kernel_step(tmp_path: Path) -> None:
+    """The helper's failures come from the mutations: the copy as it is passes (the split-KV chain:
+    both of its kernels)."""
+    shutil.copytree(ROOT / "codegen", tmp_path / "codegen", ignore=shutil.ignore_patterns("__pycache__"))
+    assert codegen_checks_of_mutant(ROOT / "examples" / "decode_splitkv.yaml", tmp_path, seed=7) is None
 
 
 def test_mutations_name_distinct_sites() -> None:

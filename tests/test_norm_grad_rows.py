@@ -11,8 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from compiler.cli import build_to
-
 ROOT = Path(__file__).resolve().parents[1]
 EPS = 1e-6  # the examples' eps
 
@@ -25,24 +23,27 @@ CASES = {
 
 
 @pytest.fixture(scope="module")
-def builds(tmp_path_factory):
-    root = tmp_path_factory.mktemp("norm_grad")
-    done: dict[str, Path] = {}
+def builds(example_build):
+    """stem -> the example's build (the run's shared one, conftest.example_build)."""
 
     def get(stem: str) -> Path:
-        if stem not in done:
-            build_to(ROOT / "examples" / f"{stem}.yaml", root / stem, seed=0, proofs=False)
-            done[stem] = root / stem
-        return done[stem]
+        b = example_build(ROOT / "examples" / f"{stem}.yaml")
+        assert b.rc == 0, b.stderr[-2000:]
+        return b.out
 
     return get
+
+
+def stems(names) -> list:
+    """The examples as parameters, each in its example's xdist group (with its build)."""
+    return [pytest.param(n, marks=pytest.mark.xdist_group(f"example-{n}")) for n in names]
 
 
 def _plan(out: Path, kernel: str) -> dict:
     return json.loads((out / "grad" / kernel / "plan.json").read_text())
 
 
-@pytest.mark.parametrize("stem", sorted(CASES))
+@pytest.mark.parametrize("stem", stems(sorted(CASES)))
 def test_dx_is_one_row_kernel_reading_each_row_once(stem: str, builds):
     out = builds(stem)
     kernels, cached, stats = CASES[stem]
@@ -57,7 +58,7 @@ def test_dx_is_one_row_kernel_reading_each_row_once(stem: str, builds):
         assert _plan(out, k)["mapping"] == "rowwise", k
 
 
-@pytest.mark.parametrize("stem", ["rmsnorm_grad", "layernorm_grad"])
+@pytest.mark.parametrize("stem", stems(["rmsnorm_grad", "layernorm_grad"]))
 def test_partial_column_sums_cover_every_row(stem: str, builds):
     """dW / dB as 64 strided partial sums: R = 70 leaves partials 6..63 one row short and the
     guard must drop rows past R; the emulated backward matches float64 numpy."""

@@ -13,22 +13,22 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-from test_attention_bwd_mma import _build, _swap  # noqa: E402
-from test_kernel_mutations import Mutation, _copy  # noqa: E402
-from test_kernel_mutations import apply as apply_mutation  # noqa: E402
+from test_attention_bwd_mma import _swap  # noqa: E402
+from test_kernel_mutations import Mutation, assert_caught_at_the_kernel_step, mutation_params  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "attention_bias_grad.yaml"
 T = "codegen/mappings/templates/"
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("bias_grad") / "build"
-    proc = _build(EXAMPLE, out)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return out
+def built(example_build) -> Path:
+    """The example's build (the run's shared one, conftest.example_build)."""
+    b = example_build(EXAMPLE)
+    assert b.rc == 0, b.stderr[-2000:]
+    return b.out
 
 
+@pytest.mark.xdist_group("example-attention_bias_grad")  # with the build it reads
 def test_dbias_is_printed_by_the_store_form(built):
     d = built / "grad" / "dBias"
     plan = json.loads((d / "plan.json").read_text())
@@ -122,12 +122,6 @@ MUTATIONS = (
 )
 
 
-@pytest.mark.parametrize("m", MUTATIONS, ids=[m.name for m in MUTATIONS])
-def test_mutation_fails_at_the_kernel_step(m: Mutation, tmp_path: Path, mutant_env) -> None:
-    _copy(tmp_path)
-    apply_mutation(m, tmp_path)
-    out = tmp_path / "out"
-    proc = _build(ROOT / "examples" / m.example, out, cwd=tmp_path, env=mutant_env(tmp_path))
-    err = proc.stderr.strip()
-    assert proc.returncode == 3, f"{m.name}: the mutated build exited {proc.returncode}: {err[-600:]}"
-    assert "kernel:" in err, f"{m.name}: failed, but not at the kernel step: {err[-600:]}"
+@pytest.mark.parametrize("m", mutation_params(MUTATIONS))
+def test_mutation_fails_at_the_kernel_step(m: Mutation, tmp_path: Path) -> None:
+    assert_caught_at_the_kernel_step(m, tmp_path)

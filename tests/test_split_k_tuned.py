@@ -19,21 +19,26 @@ ROOT = Path(__file__).resolve().parents[1]
 TUNED = ROOT / "examples" / "gemm_splitk_tuned.yaml"
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    from compiler.cli import build_to
+pytestmark = [pytestmark, pytest.mark.xdist_group("example-gemm_splitk_tuned")]  # with the build it reads
 
-    tmp = tmp_path_factory.mktemp("splitk_tuned")
-    spec = tmp / "gemm_splitk_tuned.yaml"
-    spec.write_text(TUNED.read_text().replace("variants: {split_k: [4, 1, 2, 8, 16]}", "variants: {split_k: [2, 8]}"))
-    out = tmp / "out"
-    build_to(spec, out, proofs=False)
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, example_build):
+    """A copy of the example's build (the run's shared one, conftest.example_build): a test writes
+    a tuning table into it."""
+    import shutil
+
+    b = example_build(TUNED)
+    assert b.rc == 0, b.stderr[-2000:]
+    out = tmp_path_factory.mktemp("splitk_tuned") / "out"
+    shutil.copytree(b.out, out, symlinks=True)
     return out
 
 
 def test_every_variant_is_a_chain(built):
     table = json.loads((built / "variants.json").read_text())
-    assert [(r["name"], r["status"]) for r in table["variants"]] == [("split_k-2", "built"), ("split_k-8", "built")]
+    assert [(r["name"], r["status"]) for r in table["variants"]] == [
+        (f"split_k-{s}", "built") for s in (4, 1, 2, 8, 16)]
     for r in table["variants"]:
         manifest = json.loads((built / r["dir"] / "kernels.json").read_text())
         assert [k["name"] for k in manifest["kernels"]] == ["C_part", "C"]
@@ -53,7 +58,9 @@ def test_a_tuned_chain_runs_the_recorded_variant(built):
         k = derivc.load(built, device="emu")
         assert isinstance(k, TunedChain)
         rng = np.random.default_rng(0)
-        for sizes, want in ((small, "split_k-2"), (skinny, "split_k-8"), ({"M": 3, "N": 5, "K": 7}, "split_k-2")):
+        default = json.loads((built / "variants.json").read_text())["default"]
+        assert default == "split_k-4"  # the example's first value: unmeasured shapes run it
+        for sizes, want in ((small, "split_k-2"), (skinny, "split_k-8"), ({"M": 3, "N": 5, "K": 7}, default)):
             a = rng.standard_normal((sizes["M"], sizes["K"])).astype(np.float16)
             b = rng.standard_normal((sizes["K"], sizes["N"])).astype(np.float16)
             assert k.variant_at((a.shape, b.shape)) == want

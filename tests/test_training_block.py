@@ -14,6 +14,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import trainblock  # noqa: E402
+from derivc_testing import EXAMPLES_DIR  # noqa: E402
 
 pytestmark = pytest.mark.slow  # about 70 s: five builds, each running its kernels in the emulation
 
@@ -72,24 +73,39 @@ CASES: dict[str, tuple[dict[str, tuple[tuple[int, ...], float]], Formula]] = {
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory) -> Callable[[str], Path]:
-    """Builds a piece on first use (once per module)."""
+def built(tmp_path_factory, example_build) -> Callable[[str], Path]:
+    """Builds a piece on first use (once per module); a piece that is an example (attention) is
+    the run's shared build of it (conftest.example_build)."""
     root = tmp_path_factory.mktemp("train_block")
     cache: dict[str, Path] = {}
 
     def get(name: str) -> Path:
         if name not in cache:
-            cache[name] = trainblock.build_piece(name, root)
+            spec = trainblock.PIECES[name][0]
+            if spec.parent == EXAMPLES_DIR:
+                b = example_build(spec)
+                assert b.rc == 0, b.stderr[-2000:]
+                cache[name] = b.out
+            else:
+                cache[name] = trainblock.build_piece(name, root)
         return cache[name]
 
     return get
+
+
+def piece_params() -> list:
+    """The pieces, the tests of one piece in one xdist group (its build is made once): an example's
+    in that example's group (with the run's shared build)."""
+    return [pytest.param(name, marks=pytest.mark.xdist_group(f"example-{spec.stem}" if spec.parent == EXAMPLES_DIR
+                                                              else f"train-block-{name}"))
+            for name, (spec, _) in trainblock.PIECES.items()]
 
 
 def test_cases_cover_every_piece():
     assert set(CASES) == set(trainblock.PIECES)
 
 
-@pytest.mark.parametrize("piece", list(trainblock.PIECES))
+@pytest.mark.parametrize("piece", piece_params())
 def test_piece_builds_with_its_backward(built, piece):
     out = built(piece)
     wrt = trainblock.PIECES[piece][1]
@@ -102,7 +118,7 @@ def test_piece_builds_with_its_backward(built, piece):
         assert (out / k["dir"] / "kernel.cu").is_file(), k["dir"]
 
 
-@pytest.mark.parametrize("piece", list(trainblock.PIECES))
+@pytest.mark.parametrize("piece", piece_params())
 def test_piece_backward_in_the_emulation_matches_float64(built, piece):
     import derivc
 
