@@ -157,49 +157,54 @@ def _strided_read(env: _Env, buf: _Buffer, idx: tuple[Aff, ...]) -> np.ndarray |
     """The read as a strided view of the buffer (padded with NaN where an index leaves it):
     an affine index of the stack's index ranges is a strided walk through memory.  None when
     the padding would be much larger than the read."""
-    arr, d = buf.array, env.depth
-    extents = [arr[2].shape[-1] for arr in env.vars]
+    arr, stack = buf.array, env.vars
+    extents = [v[2].shape[-1] for v in stack]
     if 0 in extents or arr.size == 0:
         return None
-    starts, coefs = [], []
-    pad_lo, pad_hi = [], []
-    for k, a in enumerate(idx):
-        n = arr.shape[buf.depth + k]
-        start, coef = a.const, [0] * d
+    axis_of = {v[0]: k for k, v in enumerate(stack)}  # the innermost binding of a name wins
+    bd, own = buf.depth, arr.shape[buf.depth:]
+    starts, coefs, pad_lo, pad_hi = [], [], [], []
+    for a, n in zip(idx, own):
+        start, coef = a.const, {}
         for name, c in a.terms:
-            axis = env.axis_of(name)
+            axis = axis_of.get(name)
             if axis is None:
                 start += c * env.index(name)
             else:
-                start += c * env.vars[axis][1]
-                coef[axis] += c
-        lo = start + sum(min(0, c * (m - 1)) for c, m in zip(coef, extents))
-        hi = start + sum(max(0, c * (m - 1)) for c, m in zip(coef, extents))
+                start += c * stack[axis][1]
+                coef[axis] = coef.get(axis, 0) + c
+        lo = hi = start
+        for axis, c in coef.items():
+            if c < 0:
+                lo += c * (extents[axis] - 1)
+            else:
+                hi += c * (extents[axis] - 1)
         starts.append(start)
         coefs.append(coef)
         pad_lo.append(max(0, -lo))
         pad_hi.append(max(0, hi - (n - 1)))
     src = arr
     if any(pad_lo) or any(pad_hi):
-        padded = tuple(n + lo + hi for n, lo, hi in zip(arr.shape[buf.depth:], pad_lo, pad_hi))
-        shape = arr.shape[:buf.depth] + padded
-        if np.prod(shape) > 4 * np.prod(extents) + 4096:
+        padded = tuple(n + lo + hi for n, lo, hi in zip(own, pad_lo, pad_hi))
+        shape = arr.shape[:bd] + padded
+        if math.prod(shape) > 4 * math.prod(extents) + 4096:
             return None
         src = np.full(shape, np.nan)
-        src[(slice(None),) * buf.depth + tuple(slice(lo, lo + n) for lo, n in zip(pad_lo, arr.shape[buf.depth:]))] = arr
+        src[(slice(None),) * bd + tuple(slice(lo, lo + n) for lo, n in zip(pad_lo, own))] = arr
+    d = len(stack)
     strides = [0] * d
     shape = [1] * d
-    for j in range(buf.depth):
+    for j in range(bd):
         if src.shape[j] > 1:
             strides[j] += src.strides[j]
             shape[j] = extents[j]
     for k, coef in enumerate(coefs):
-        step = src.strides[buf.depth + k]
-        for j, c in enumerate(coef):
+        step = src.strides[bd + k]
+        for j, c in coef.items():
             if c:
                 strides[j] += c * step
                 shape[j] = extents[j]
-    base = src[(slice(None, 1),) * buf.depth + tuple(slice(s + lo, None) for s, lo in zip(starts, pad_lo))]
+    base = src[(slice(None, 1),) * bd + tuple(slice(s + lo, None) for s, lo in zip(starts, pad_lo))]
     return np.lib.stride_tricks.as_strided(base, tuple(shape), tuple(strides), writeable=False)
 
 
@@ -462,6 +467,10 @@ def store_def(d: Def, env: _Env, values: np.ndarray) -> np.ndarray:
         live = live & _loop_extent_mask(env, lp, k)
     full = tuple(arr.shape[-1] for _, _, arr in env.vars)
     every = bool(live.all())
+    if every and _stores_in_loop_order(d, env, shape):  # each element once, in order: no index arithmetic
+        out = np.empty(shape)
+        out[...] = np.broadcast_to(values, full).reshape(shape)
+        return out
     live = np.broadcast_to(live, full)
     values = np.broadcast_to(values, full)
     affs = [env.aff(a) for a in d.store]
@@ -489,6 +498,17 @@ def store_def(d: Def, env: _Env, values: np.ndarray) -> np.ndarray:
             f"{int(count[tuple(bad)])} times (must be exactly once)"
         )
     return out
+
+
+def _stores_in_loop_order(d: Def, env: _Env, shape: tuple[int, ...]) -> bool:
+    """Whether the store index is the loop nest itself: dimension k written at the k-th loop's
+    index, which runs over 0 … extent − 1 (the common `def C[i, j] = …`)."""
+    if len(d.store) != len(env.vars) or len(shape) != len(env.vars) or len({v[0] for v in env.vars}) != len(env.vars):
+        return False
+    for a, (name, first, arr), n in zip(d.store, env.vars, shape):
+        if a.const != 0 or len(a.terms) != 1 or a.terms[0] != (name, 1) or first != 0 or arr.shape[-1] != n:
+            return False
+    return True
 
 
 def _loop_extent_mask(env: _Env, lp, k: int) -> np.ndarray:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,13 @@ def spec_sha256(spec: SpecFile) -> str:
     return hashlib.sha256(canon.encode()).hexdigest()
 
 
+@lru_cache(maxsize=8)
+def _parsed_spec(text: str, file: str) -> SpecFile:
+    """parse_spec_text once per text: a build writes (and round-trips) one trace per kernel, a
+    gradient build a dozen, each re-reading the same file.  Only compared, never changed."""
+    return parse_spec_text(text, file)
+
+
 def spec_text_of(d: Derivation) -> str | None:
     """The schedule file's text the derivation was made from, or None when unknown.
 
@@ -48,7 +56,7 @@ def spec_text_of(d: Derivation) -> str | None:
         return None
     try:
         text = Path(d.file).read_bytes().decode("utf-8")
-        spec = parse_spec_text(text, d.file)
+        spec = _parsed_spec(text, d.file)
         choice = getattr(d, "variant_choice", None)
         if choice is not None:  # one variant of a schedule with `variants:`
             from .schedule_variants import resolve

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 from compiler.machine import MMA
 
+import hashlib
 import os
 import re
 import subprocess
 import tempfile
 from collections import Counter
+from functools import lru_cache
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -204,6 +206,60 @@ def _run(argv: list[str], nvdisasm: Path | None) -> str:
     return done.stdout  # stderr holds only warnings on success
 
 
+@lru_cache(maxsize=None)
+def _tool_identity(tool: Path) -> str:
+    """What names a disassembler's behaviour: its path, size, mtime and `--version` text."""
+    st = tool.stat()
+    done = subprocess.run([str(tool), "--version"], capture_output=True, text=True, check=False)
+    return f"{tool}\0{st.st_size}\0{st.st_mtime_ns}\0{done.stdout}"
+
+
+_TEXT_MAGIC = b"DERIVC-SASS-TEXT-1\n"
+
+
+def _disassembly(cubin: bytes, cuobjdump: Path | None, nvdisasm: Path | None) -> tuple[str, str]:
+    """(tool, listing) of the cubin, from the disassembly cache when this very cubin was listed
+    by the same tools before.  nvdisasm spends ~0.5 s CPU starting up, whatever the cubin's size,
+    and a build's unchanged kernels (every kernel of a gradient build but the one a mutation
+    test changed, a rebuild) give the same cubins.  Key: sha256 of the cubin, the argv and both
+    tools' identities; an entry carries the sha256 of its text (a torn or corrupted entry is a
+    miss) and is written to a temp name, then renamed into place."""
+    from .cache import cache_dir
+
+    tool = "cuobjdump" if cuobjdump is not None else "nvdisasm"
+    flags = ["-sass", "-res-usage"] if cuobjdump is not None else ["-c"]
+    h = hashlib.sha256(_TEXT_MAGIC + " ".join([tool, *flags]).encode())
+    for t in (cuobjdump, nvdisasm):
+        h.update(b"\0" + (_tool_identity(t).encode() if t is not None else b"-"))
+    h.update(b"\0" + cubin)
+    entry = cache_dir() / "sass" / f"{h.hexdigest()}.txt"
+    try:
+        data = entry.read_bytes()
+        digest, text = data[len(_TEXT_MAGIC):len(_TEXT_MAGIC) + 64], data[len(_TEXT_MAGIC) + 65:]
+        if data.startswith(_TEXT_MAGIC) and hashlib.sha256(text).hexdigest().encode() == digest:
+            return tool, text.decode()
+    except (OSError, UnicodeDecodeError):
+        pass
+    with tempfile.TemporaryDirectory(prefix="derivc-sass-") as tmp:
+        path = Path(tmp) / "kernel.cubin"
+        path.write_bytes(cubin)
+        text = _run([str(cuobjdump if cuobjdump is not None else nvdisasm), *flags, str(path)], nvdisasm)
+    raw = text.encode()
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{entry.stem[:16]}.", suffix=".tmp", dir=entry.parent)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(_TEXT_MAGIC + hashlib.sha256(raw).hexdigest().encode() + b"\n" + raw)
+            os.replace(tmp_name, entry)
+        except BaseException:
+            os.unlink(tmp_name)
+            raise
+    except OSError:  # an unwritable cache: the listing stands
+        pass
+    return tool, text
+
+
 def disassemble(cubin: bytes, *, ptxas_log: str | None = None) -> SassReport:
     """Disassemble ``cubin``; pass the ``-Xptxas=-v`` compile log to get spill sizes."""
     cuobjdump, nvdisasm = (
@@ -215,15 +271,7 @@ def disassemble(cubin: bytes, *, ptxas_log: str | None = None) -> SassReport:
             "cuobjdump/nvdisasm not found: run .ci/install_cuda_tools.sh "
             "(pip nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)"
         )
-    with tempfile.TemporaryDirectory(prefix="derivc-sass-") as tmp:
-        path = Path(tmp) / "kernel.cubin"
-        path.write_bytes(cubin)
-        if cuobjdump is not None:
-            tool = "cuobjdump"
-            text = _run([str(cuobjdump), "-sass", "-res-usage", str(path)], nvdisasm)
-        else:
-            tool = "nvdisasm"
-            text = _run([str(nvdisasm), "-c", str(path)], nvdisasm)
+    tool, text = _disassembly(cubin, cuobjdump, nvdisasm)
     resources = parse_res_usage(text)
     for name, (stack, stores, loads) in parse_ptxas_log(ptxas_log or "").items():
         base = resources.get(name, KernelResources(registers=0, stack_bytes=stack))
