@@ -120,3 +120,17 @@ def test_a_combine_summing_out_of_order_changes_the_bits(monkeypatch):
     ws = _workspace(8, 2048)
     got = _run(combine.printed, ws)
     assert not np.array_equal(got.view(np.uint16), _run(_simt_printed(combine.printed), ws).view(np.uint16))
+
+
+def test_a_combine_without_a_vector_lane_is_refused_by_name_and_printed_by_simt():
+    """gemm_splitk.yaml's combine (one column per lane point, no unmapped run of columns)."""
+    from codegen.kir.lower import UnsupportedMapping
+    from codegen.mappings import combine
+    from compiler.spec import parse_spec_text
+
+    text = (ROOT / "examples" / "gemm_splitk.yaml").read_text()
+    final = derive(parse_spec_text(text), check=False).final
+    _, scalar = stages(final, "gemm_splitk", {"M": 150, "N": 270, "K": 300}, 1)
+    assert scalar.printed.mapping == "simt"
+    with pytest.raises(UnsupportedMapping, match=r"combine: the kernel is not a combine over \(thread, vector\) lanes"):
+        combine.render(scalar.kernel, ())

@@ -46,8 +46,8 @@ def _strides(dims: tuple[Aff, ...], names: dict[str, str]) -> list[str]:
     return list(reversed(strides))
 
 
-def _match(k: Kernel) -> tuple[str, str, int, int]:
-    """(partial tensor, split variable, S, V) of a vectorisable combine, or UnsupportedMapping."""
+def _match(k: Kernel) -> tuple[str, int, int]:
+    """(partial tensor, S, V) of a vectorisable combine, or UnsupportedMapping."""
     if k.body or k.also:
         raise _refuse("the kernel is not one combine store (it stages, loops or writes further outputs)")
     if len(k.lanes) != 2:
@@ -55,6 +55,9 @@ def _match(k: Kernel) -> tuple[str, str, int, int]:
     thread, vec = k.lanes
     if thread.mapping is None or thread.mapping.level != "thread" or thread.extent is None:
         raise _refuse(f"lane {thread.var} is not mapped to threads")
+    if thread.mapping.count not in (0, thread.extent):
+        raise _refuse(f"lane {thread.var}: {thread.mapping.count} threads stride over {thread.extent} (one thread "
+                      "per group of columns here)")
     if vec.mapping is not None or vec.extent not in VECTOR_WIDTHS:
         raise _refuse(f"lane {vec.var} is not an unmapped run of {' or '.join(map(str, VECTOR_WIDTHS))} columns")
     if thread.extent > DEVICE.max_threads_per_block:
@@ -80,11 +83,11 @@ def _match(k: Kernel) -> tuple[str, str, int, int]:
         raise _refuse(f"output dtype {out.dtype}")
     if any(not isinstance(c, Cond) for c in st.guard):
         raise _refuse("a guard disjunction is not a half-space in the vector lane")
-    return body.tensor, red.var, splits, v
+    return body.tensor, splits, v
 
 
 def render(k: Kernel, options: tuple[str, ...]) -> tuple[KernelSource, Launch]:
-    part, _, splits, v = _match(k)
+    part, splits, v = _match(k)
     thread, vec = k.lanes
     out = k.tensor(k.store.tensor)
     names = size_names(k.sizes)
