@@ -7,8 +7,8 @@ tuning stops), then it is timed (median of `triton.testing.do_bench`).  The fast
 bucket (compiler.tuning_table) goes into DIR/tuning.json with every measurement, and the build's
 marker is written again over it, so `derivc verify` and `derivc.load` see the table.
 A chain of kernels (OUT/kernels.json: split-KV, split-K) is tuned the same way: each variant is a
-chain (or, beside chains, one kernel: split-K's S = 1), run and timed whole (its time is the sum of its kernels' and the intermediates'
-allocation), bucketed by the spec's dynamic sizes.
+chain (or, beside chains, one kernel: split-K's S = 1), run and timed whole (its time is the sum
+of its kernels' and the intermediates' allocation), bucketed by the spec's dynamic sizes.
 """
 from __future__ import annotations
 
