@@ -10,6 +10,7 @@ TunedChain that runs the bucket's variant — one kernel or a chain — here thr
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -25,12 +26,11 @@ CHECK = {"M": 150, "N": 270, "K": 300}
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory) -> Path:
-    from compiler.cli import build_to
-
-    out = tmp_path_factory.mktemp("gemm_tuned") / "out"
-    build_to(TUNED, out, seed=0, proofs=False)
-    return out
+def built(example_build) -> Path:
+    """The run's shared build of the example (seed 0, no proofs; read-only)."""
+    b = example_build(TUNED)
+    assert b.rc == 0, b.stderr
+    return b.out
 
 
 def _kernel_records(d: Path) -> list[dict]:
@@ -86,34 +86,31 @@ def _fake_table(built: Path, rows: dict[str, tuple[dict, str]]) -> None:
     (built / TUNING_FILE).write_text(json.dumps({"dynamic": ["M", "N", "K"], "device": "test", "buckets": buckets}))
 
 
-def test_the_tuned_build_runs_the_bucket_variant_one_kernel_or_chain(built):
+def test_the_tuned_build_runs_the_bucket_variant_one_kernel_or_chain(built, tmp_path):
     """A square bucket recorded for the one-kernel GEMM, a skinny one for S = 8 on 64 x 128 tiles,
     a deep one for S = 4: each call runs its bucket's variant (the default elsewhere), and every
     one gives the float64 product."""
     import derivc
     from codegen.tuned import OneKernel, TunedChain
     from codegen.chain import KernelChain
-    from compiler.tuning_table import TUNING_FILE
 
+    built = Path(shutil.copytree(built, tmp_path / "tuned", symlinks=True))  # the shared build stays as built
     square, skinny, deep = {"M": 130, "N": 260, "K": 150}, {"M": 20, "N": 40, "K": 600}, {"M": 40, "N": 24, "K": 1000}
     _fake_table(built, {"square": (square, "tile_i-128_tile_j-128_split_k-1"),
                         "skinny": (skinny, "tile_i-64_tile_j-128_split_k-8"),
                         "deep": (deep, "tile_i-128_tile_j-128_split_k-4")})
-    try:
-        k = derivc.load(built, device="emu")
-        assert isinstance(k, TunedChain)
-        rng = np.random.default_rng(0)
-        cases = ((square, "tile_i-128_tile_j-128_split_k-1", OneKernel),
-                 (skinny, "tile_i-64_tile_j-128_split_k-8", KernelChain),
-                 (deep, "tile_i-128_tile_j-128_split_k-4", KernelChain),
-                 ({"M": 3, "N": 5, "K": 7}, "tile_i-128_tile_j-256_split_k-1", OneKernel))
-        for sizes, want, kind in cases:
-            a = rng.standard_normal((sizes["M"], sizes["K"])).astype(np.float16)
-            b = rng.standard_normal((sizes["K"], sizes["N"])).astype(np.float16)
-            assert k.variant_at((a.shape, b.shape)) == want
-            c = k(a, b)
-            assert isinstance(k._by_shape[((a.shape, b.shape), ())], kind)
-            ref = a.astype(np.float64) @ b.astype(np.float64)
-            assert np.linalg.norm(np.asarray(c, np.float64) - ref) / np.linalg.norm(ref) < 2e-3
-    finally:
-        (built / TUNING_FILE).unlink()
+    k = derivc.load(built, device="emu")
+    assert isinstance(k, TunedChain)
+    rng = np.random.default_rng(0)
+    cases = ((square, "tile_i-128_tile_j-128_split_k-1", OneKernel),
+             (skinny, "tile_i-64_tile_j-128_split_k-8", KernelChain),
+             (deep, "tile_i-128_tile_j-128_split_k-4", KernelChain),
+             ({"M": 3, "N": 5, "K": 7}, "tile_i-128_tile_j-256_split_k-1", OneKernel))
+    for sizes, want, kind in cases:
+        a = rng.standard_normal((sizes["M"], sizes["K"])).astype(np.float16)
+        b = rng.standard_normal((sizes["K"], sizes["N"])).astype(np.float16)
+        assert k.variant_at((a.shape, b.shape)) == want
+        c = k(a, b)
+        assert isinstance(k._by_shape[((a.shape, b.shape), ())], kind)
+        ref = a.astype(np.float64) @ b.astype(np.float64)
+        assert np.linalg.norm(np.asarray(c, np.float64) - ref) / np.linalg.norm(ref) < 2e-3
