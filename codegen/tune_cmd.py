@@ -7,8 +7,8 @@ tuning stops), then it is timed (median of `triton.testing.do_bench`).  The fast
 bucket (compiler.tuning_table) goes into DIR/tuning.json with every measurement, and the build's
 marker is written again over it, so `derivc verify` and `derivc.load` see the table.
 A chain of kernels (OUT/kernels.json: split-KV, split-K) is tuned the same way: each variant is a
-chain, run and timed whole (its time is the sum of its kernels' and the intermediates'
-allocation), bucketed by the spec's dynamic sizes.
+chain (or, beside chains, one kernel: split-K's S = 1), run and timed whole (its time is the sum
+of its kernels' and the intermediates' allocation), bucketed by the spec's dynamic sizes.
 """
 from __future__ import annotations
 
@@ -20,11 +20,11 @@ from typing import Any
 
 from compiler.errors import EXIT_DERIVATION_FAILED, EXIT_INVALID_INPUT, EXIT_OK
 from compiler.outdir import BUILD_MARKER, foreign_files, write_marker
-from compiler.kernel_chain import MANIFEST as CHAIN_MANIFEST
 from compiler.tuning_table import TUNING_FILE, bucket, chain_dynamic
 from compiler.variant_build import built_dirs
 
 from .run_cmd import TOLERANCE, parse_sizes, random_inputs_torch
+from .tuned import has_chain, open_variant, variant_trace
 
 
 def _error(msg: str) -> int:
@@ -53,11 +53,9 @@ def tune(out_dir: Path, shapes: list[dict[str, int]], seed: int = 0) -> dict[str
 
     dirs = built_dirs(out_dir)
     default = next(iter(dirs))
-    if (out_dir / CHAIN_MANIFEST).exists():  # every variant a chain: run whole, bucketed by the spec
-        from .chain import KernelChain
-
-        chains = {name: KernelChain(d) for name, d in dirs.items()}
-        program = lower_spec(spec_of_trace(chains[default].kernels[0].build.trace))
+    if has_chain(out_dir):  # chains (and one-kernel variants beside them: S = 1): run whole, by the spec's sizes
+        chains = {name: open_variant(d) for name, d in dirs.items()}
+        program = lower_spec(spec_of_trace(variant_trace(chains[default])))
         kernels: dict[str, Any] = dict(chains)
         dynamic = chain_dynamic(program)
         order = chains[default].inputs

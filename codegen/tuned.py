@@ -59,25 +59,63 @@ class TunedKernel:
         return k(*inputs, out=out, **sizes)
 
 
+class OneKernel:
+    """A one-kernel build called like a KernelChain (a variant of a tuned build whose other
+    variants are chains: split-K's S = 1), on the GPU or through the CPU emulation."""
+
+    def __init__(self, out_dir: Path, device: str = "cuda"):
+        from .training import _cuda_runner, _emu_runner, _load_marked
+
+        self.out_dir = Path(out_dir)
+        self.build = _load_marked(self.out_dir)
+        self.inputs = self.build.inputs
+        self.output = self.build.printed.kernel.output.name
+        self._run = (_cuda_runner if device == "cuda" else _emu_runner)(self.build)
+
+    def __call__(self, *inputs: Any, out: Any = None, **sizes: int) -> Any:
+        return self._run(*inputs, out=out, **sizes)
+
+
+def open_variant(out_dir: Path, device: str = "cuda") -> Any:
+    """A built variant's callable: its chain of kernels (OUT/kernels.json) or its one kernel."""
+    from compiler.kernel_chain import MANIFEST
+
+    from .chain import KernelChain
+
+    return KernelChain(out_dir, device=device) if (Path(out_dir) / MANIFEST).is_file() else OneKernel(out_dir, device)
+
+
+def has_chain(out_dir: Path) -> bool:
+    """Whether any built variant of DIR (the default included) is a chain of kernels."""
+    from compiler.kernel_chain import MANIFEST
+
+    dirs = built_dirs(Path(out_dir)) or {"": Path(out_dir)}
+    return any((d / MANIFEST).is_file() for d in dirs.values())
+
+
+def variant_trace(v: Any) -> dict[str, Any]:
+    """The derivation.json of a variant opened by open_variant (its first kernel's, for a chain)."""
+    return v.build.trace if isinstance(v, OneKernel) else v.kernels[0].build.trace
+
+
 class TunedChain:
-    """A tuned chain of kernels (OUT/kernels.json and OUT/tuning.json): one KernelChain per variant
-    the table names, picked per shape by the spec's dynamic sizes (read off the inputs' shapes
-    against the spec's input dimensions, or passed by name)."""
+    """A tuned build whose variants are chains of kernels or single kernels (split-K's S = 1 beside
+    its chains; OUT/tuning.json): one loaded variant per name the table names, picked per shape
+    by the spec's dynamic sizes (read off the inputs' shapes against the spec's input dimensions,
+    or passed by name)."""
 
     def __init__(self, out_dir: Path, device: str = "cuda"):
         from compiler.lower_spec import lower_spec
         from compiler.trace import spec_of_trace
         from compiler.tuning_table import chain_dynamic
 
-        from .chain import KernelChain
-
-        default = KernelChain(out_dir, device=device)
-        program = lower_spec(spec_of_trace(default.kernels[0].build.trace))
+        default = open_variant(Path(out_dir), device)
+        program = lower_spec(spec_of_trace(variant_trace(default)))
         self._dims = [tuple(t.dims) for _, t in program.inputs]
         self._dispatch = Dispatch(Path(out_dir), chain_dynamic(program))
         self._chains = {self._dispatch.default: default}
         for name in set(self._dispatch.choice.values()) - {self._dispatch.default}:
-            self._chains[name] = KernelChain(self._dispatch.dirs[name], device=device)
+            self._chains[name] = open_variant(self._dispatch.dirs[name], device)
         self._by_shape: dict[tuple, Any] = {}
         self.inputs, self.output, self.out_dir = default.inputs, default.output, default.out_dir
 

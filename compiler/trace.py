@@ -102,7 +102,20 @@ def write_trace(d: Derivation) -> dict[str, Any]:
         **({"grad_kernel": d.grad_trace} if getattr(d, "grad_trace", None) else {}),
         **({"chain_kernel": d.chain_kernel} if getattr(d, "chain_kernel", None) else {}),
         **({"variant": d.variant_choice} if getattr(d, "variant_choice", None) is not None else {}),
+        **_dropped(d, text),
     }
+
+
+def _dropped(d: Derivation, text: str | None) -> dict[str, Any]:
+    """{"variant_dropped_steps": [...]}: the file's steps this variant does not apply (`when:`),
+    so the derivation says which schedule it is; {} when none are dropped."""
+    choice = getattr(d, "variant_choice", None)
+    if choice is None or text is None:
+        return {}
+    from .schedule_variants import dropped_steps
+
+    dropped = dropped_steps(parse_spec_text(text, d.file or "<string>"), choice)
+    return {"variant_dropped_steps": dropped} if dropped else {}
 
 
 def spec_of_trace(trace: dict[str, Any]) -> SpecFile:

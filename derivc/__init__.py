@@ -160,13 +160,14 @@ def load(out_dir: str | Path, device: str = "cuda") -> Any:
 def _open(out_dir: Path, device: str) -> Any:
     from compiler.kernel_chain import MANIFEST
 
+    from codegen.tuned import TunedChain, has_chain
+    from compiler.tuning_table import TUNING_FILE
+
+    if (out_dir / TUNING_FILE).is_file() and has_chain(out_dir):  # tuned chains (split-K's S = 1 among them)
+        return TunedChain(out_dir, device=device)
     if (out_dir / MANIFEST).is_file():
         from codegen.chain import KernelChain
-        from codegen.tuned import TunedChain
-        from compiler.tuning_table import TUNING_FILE
 
-        if (out_dir / TUNING_FILE).is_file():  # `derivc tune` measured the chain's variants
-            return TunedChain(out_dir, device=device)
         return KernelChain(out_dir, device=device)
     if device != "cuda":
         raise ValueError(f"device {device!r}: a one-kernel build runs on 'cuda' (the emulation runs chains "

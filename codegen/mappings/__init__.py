@@ -76,4 +76,4 @@ def mapping_named(name: str) -> Mapping:
 
 
 def _load() -> None:
-    from . import contraction, online_fold, rowwise, score_store, score_sum, score_sum_wgmma, simt  # noqa: F401  (each registers its mappings)
+    from . import combine, contraction, online_fold, rowwise, score_store, score_sum, score_sum_wgmma, simt  # noqa: F401  (each registers its mappings)
