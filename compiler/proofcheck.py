@@ -4,16 +4,21 @@
 (`start_check` before codegen, `PendingCheck.result` before the build directory is swapped in);
 `derivc verify` and `build --verify` use the same checker with the cache bypassed.
 
-* Pool: one coqc process per core (`os.sched_getaffinity`), obligations started in step order.
-  With `stop_on_failure`, the first failure kills the running coqc processes and the build
-  reports it at once.
+* Pool: one coqc process per core (`os.sched_getaffinity`).  The obligations to check are
+  split into one combined file per process (compiler.obligations_batch: each obligation in a
+  module of its own, the library loaded once per process instead of once per file); coqc
+  stopping inside an obligation (an error, a limit) checks that one alone, so its verdict,
+  error line and CPU / memory limits are those of its own file, and the rest goes on in a new
+  combined file.  With `stop_on_failure`, the first failure kills the running coqc processes
+  and the build reports it at once.  Obligations with the same canonical text (they differ only
+  in their step number and header comment) are checked once.
 * Cache (compiler.coqcache): `$DERIVC_COQ_CACHE`, else `$DERIVC_CACHE_DIR/coq`, else
   `~/.cache/derivc/coq`, private to the user (0700, refused — said once on stderr, and the check
   goes on without it — when someone else could write it).  The Coq library (proofs_ci/coq) is
   compiled once per content and coqc version into `lib-<digest>/` and checked against its
   manifest's hashes at every use; an obligation that passed is recorded under a MAC of its key
-  (key = sha256 of the obligation text, the library's sources and compiled files, and the coqc
-  version).  Entries are written to a temp file and moved into place (readers never see half a
+  (key = sha256 of the obligation's canonical text, the library's sources and compiled files,
+  and the coqc version).  Entries are written to a temp file and moved into place (readers never see half a
   file); only passes are cached.  Pass records are read by `derivc build` only; `derivc verify`
   and `build --verify` run coqc on every obligation (identical ones once per process).
 """
@@ -23,7 +28,6 @@ import hashlib
 import json
 import os
 import re
-import secrets
 import shutil
 import signal
 import subprocess
@@ -351,11 +355,12 @@ class PendingCheck:
             if f not in cached:
                 todo.setdefault(self._keys[f], (step, rule, f))
         self._cached = cached
-        batches = _batches([e for e in todo.values()], self._texts, jobs or jobs_for_machine())
-        self.jobs = max(1, len(batches))
+        cores = jobs or jobs_for_machine()
+        batches = _batches(list(todo.values()), self._texts, cores)
+        self.jobs = max(1, min(cores, len(batches)))
         # coqc runs on copies: its by-products (.vo, .glob, .aux) never land in the build
         self._scratch = Path(tempfile.mkdtemp(prefix="derivc-coqc-"))
-        self._pool = ThreadPoolExecutor(len(batches), thread_name_prefix="coqc") if batches else None
+        self._pool = ThreadPoolExecutor(self.jobs, thread_name_prefix="coqc") if batches else None
         self._futures = [self._pool.submit(self._check_batch, b) for b in batches] if self._pool else []
         self._finished = max(self._finished, time.monotonic())  # moved on by each coqc run that ends later
 
@@ -406,8 +411,11 @@ class PendingCheck:
             if len(pending) == 1:
                 out.append(self._check_alone(pending[0]))
                 break
-            nonce = secrets.token_hex(8)
             parts = [batching.split(self._texts[f].decode()) for _, _, f in pending]
+            # the marker's nonce is a digest of the modules: no obligation can print the marker of
+            # another (it would have to hold a digest of itself), and the same obligations give
+            # the same file (the test suite serves coqc's verdict on a text once per run)
+            nonce = hashlib.sha256("\0".join([parts[0].prelude] + [p.rest for p in parts]).encode()).hexdigest()[:32]
             text = batching.combined_text(parts[0].prelude, [p.rest for p in parts], nonce)
             r = self._run(f"Batch{pending[0][0]:02d}_{len(pending)}.v", text.encode())
             done = len(pending) if r.returncode == 0 else batching.passed_prefix(r.output, nonce, len(pending))

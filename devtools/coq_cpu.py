@@ -62,7 +62,7 @@ def checker(dirs: list[Path]) -> float:
     total = 0.0
     for proofs in dirs:
         t0 = _children_cpu()
-        check = proofcheck.check_obligations(proofs, use_cache=False, jobs=1)
+        check = proofcheck.check_obligations(proofs, use_cache=False)
         cpu = _children_cpu() - t0
         total += cpu
         bad = check.failure
