@@ -4,16 +4,21 @@
 (`start_check` before codegen, `PendingCheck.result` before the build directory is swapped in);
 `derivc verify` and `build --verify` use the same checker with the cache bypassed.
 
-* Pool: one coqc process per core (`os.sched_getaffinity`), obligations started in step order.
-  With `stop_on_failure`, the first failure kills the running coqc processes and the build
-  reports it at once.
+* Pool: one coqc process per core (`os.sched_getaffinity`).  The obligations to check are
+  split into one combined file per process (compiler.obligations_batch: each obligation in a
+  module of its own, the library loaded once per process instead of once per file); coqc
+  stopping inside an obligation (an error, a limit) checks that one alone, so its verdict,
+  error line and CPU / memory limits are those of its own file, and the rest goes on in a new
+  combined file.  With `stop_on_failure`, the first failure kills the running coqc processes
+  and the build reports it at once.  Obligations with the same canonical text (they differ only
+  in their step number and header comment) are checked once.
 * Cache (compiler.coqcache): `$DERIVC_COQ_CACHE`, else `$DERIVC_CACHE_DIR/coq`, else
   `~/.cache/derivc/coq`, private to the user (0700, refused — said once on stderr, and the check
   goes on without it — when someone else could write it).  The Coq library (proofs_ci/coq) is
   compiled once per content and coqc version into `lib-<digest>/` and checked against its
   manifest's hashes at every use; an obligation that passed is recorded under a MAC of its key
-  (key = sha256 of the obligation text, the library's sources and compiled files, and the coqc
-  version).  Entries are written to a temp file and moved into place (readers never see half a
+  (key = sha256 of the obligation's canonical text, the library's sources and compiled files,
+  and the coqc version).  Entries are written to a temp file and moved into place (readers never see half a
   file); only passes are cached.  Pass records are read by `derivc build` only; `derivc verify`
   and `build --verify` run coqc on every obligation (identical ones once per process).
 """
@@ -30,12 +35,13 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from . import coqcache
+from . import obligations_batch as batching
 from .coqcache import CoqLibrary, CoqLibraryError, UnsafeCache, cache_root  # noqa: F401 (part of this API)
 
 # Bounds per coqc process, far above what the slowest correct obligation of the examples
@@ -46,7 +52,7 @@ from .coqcache import CoqLibrary, CoqLibraryError, UnsafeCache, cache_root  # no
 COQC_CPU_LIMIT_S = 300
 COQC_MEMORY_LIMIT_KB = 6 * 1024 * 1024
 COQC_TIMEOUT_S = 1800.0
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: keyed by the canonical text
 NO_COQC = "coqc not found"
 SKIPPED = "--no-proofs"
 OBLIGATION_FILE = re.compile(r"Step[0-9]+_[A-Za-z0-9_]+\.v")
@@ -216,7 +222,14 @@ def library(root: Path | None = None) -> CoqLibrary:
 
 
 def obligation_key(text: bytes, lib: CoqLibrary) -> str:
-    return hashlib.sha256(json.dumps({"format": CACHE_FORMAT, "library": lib.digest}).encode() + b"\0" + text).hexdigest()
+    """The key of an obligation's verdict: its canonical text (compiler.obligations_batch: the
+    same for obligations that differ only in their step number and header comment) under one
+    library content."""
+    try:
+        canon = batching.canonical_text(text.decode()).encode()
+    except UnicodeDecodeError:
+        canon = text
+    return hashlib.sha256(json.dumps({"format": CACHE_FORMAT, "library": lib.digest}).encode() + b"\0" + canon).hexdigest()
 
 
 def cached_pass(root: Path, key: str) -> bool:
@@ -315,7 +328,9 @@ def jobs_for_machine() -> int:
 
 
 class PendingCheck:
-    """A proof check running in the background (coqc processes in a thread pool)."""
+    """A proof check running in the background: the obligations not found in the cache,
+    identical ones (same canonical text, compiler.obligations_batch) once, split into one
+    combined file per job, each checked by one coqc process in a thread pool."""
 
     def __init__(self, proofs: Path, *, use_cache: bool, stop_on_failure: bool, jobs: int | None,
                  timeout: float) -> None:
@@ -325,45 +340,91 @@ class PendingCheck:
         self._by = coqc_version()
         self._root = cache_root()
         self._timeout = timeout
-        self._futures: list[tuple[int, str, str, Future[ObligationResult] | ObligationResult]] = []
-        entries = _index(proofs)
-        self.jobs = max(1, min(jobs or jobs_for_machine(), len(entries) or 1))
-        texts = {f: (proofs / f).read_bytes() for _, _, f in entries}
+        self._entries = _index(proofs)
+        self._texts = {f: (proofs / f).read_bytes() for _, _, f in self._entries}
         secret = open_cache(self._root)  # None: the cache is not the user's alone, not used at all
-        lib = (coqcache.cached_library(self._root, secret, self._by) if secret is not None
-               else coqcache.private_library(self._by))
-        keys = {f: obligation_key(t, lib) for f, t in texts.items()}
+        self._lib = (coqcache.cached_library(self._root, secret, self._by) if secret is not None
+                     else coqcache.private_library(self._by))
+        self._keys = {f: obligation_key(t, self._lib) for f, t in self._texts.items()}
         self._secret = secret if use_cache else None  # verify and --verify: no record read or written
-        misses = [e for e in entries
-                  if not (self._secret is not None and coqcache.cached_pass(self._root, self._secret, keys[e[2]]))]
+        cached = {f for f, k in self._keys.items()
+                  if self._secret is not None and coqcache.cached_pass(self._root, self._secret, k)}
+        # one file per key: the others take its verdict
+        todo: dict[str, tuple[int, str, str]] = {}
+        for step, rule, f in self._entries:
+            if f not in cached:
+                todo.setdefault(self._keys[f], (step, rule, f))
+        self._cached = cached
+        cores = jobs or jobs_for_machine()
+        batches = _batches(list(todo.values()), self._texts, cores)
+        self.jobs = max(1, min(cores, len(batches)))
         # coqc runs on copies: its by-products (.vo, .glob, .aux) never land in the build
         self._scratch = Path(tempfile.mkdtemp(prefix="derivc-coqc-"))
-        for _, _, f in misses:
-            (self._scratch / f).write_bytes(texts[f])
-        self._pool = ThreadPoolExecutor(self.jobs, thread_name_prefix="coqc") if misses else None
-        for step, rule, f in entries:
-            if self._pool is None or (step, rule, f) not in misses:
-                self._futures.append((step, rule, f, ObligationResult(step, rule, f, "passed", cached=True)))
-            else:
-                fut = self._pool.submit(self._check_one, step, rule, f, lib.path, keys[f])
-                self._futures.append((step, rule, f, fut))
+        self._pool = ThreadPoolExecutor(self.jobs, thread_name_prefix="coqc") if batches else None
+        self._futures = [self._pool.submit(self._check_batch, b) for b in batches] if self._pool else []
         self._finished = max(self._finished, time.monotonic())  # moved on by each coqc run that ends later
 
-    def _check_one(self, step: int, rule: str, file: str, lib: Path, key: str) -> ObligationResult:
+    # ----------------------------------------------------------------- one coqc process
+
+    def _run(self, name: str, text: bytes) -> CoqRun:
+        d = Path(tempfile.mkdtemp(prefix="run-", dir=self._scratch))
+        (d / name).write_bytes(text)
+        try:
+            return run_coqc(d / name, self._lib.path, self._timeout, self._stop)
+        finally:
+            self._finished = max(self._finished, time.monotonic())
+
+    def _passed(self, entry: tuple[int, str, str], seconds: float) -> ObligationResult:
+        step, rule, f = entry
+        key = self._keys[f]
+        _PROVED[key] = seconds
+        if self._secret is not None:
+            coqcache.store_pass(self._root, self._secret, key, f, seconds)
+        return ObligationResult(step, rule, f, "passed", seconds=seconds)
+
+    def _check_alone(self, entry: tuple[int, str, str]) -> ObligationResult:
+        step, rule, f = entry
         if self._stop.is_set():
-            return ObligationResult(step, rule, file, "not run")
-        r = CoqRun(0, "", _PROVED[key]) if key in _PROVED else run_coqc(self._scratch / file, lib, self._timeout, self._stop)
-        self._finished = max(self._finished, time.monotonic())
+            return ObligationResult(step, rule, f, "not run")
+        key = self._keys[f]
+        r = CoqRun(0, "", _PROVED[key]) if key in _PROVED else self._run(f, self._texts[f])
         if r.stopped:
-            return ObligationResult(step, rule, file, "not run", seconds=r.seconds)
+            return ObligationResult(step, rule, f, "not run", seconds=r.seconds)
         if r.returncode == 0:
-            _PROVED[key] = r.seconds
-            if self._secret is not None:
-                coqcache.store_pass(self._root, self._secret, key, file, r.seconds)
-            return ObligationResult(step, rule, file, "passed", seconds=r.seconds)
+            return self._passed(entry, r.seconds)
         if self._stop_on_failure:
             self._stop.set()
-        return ObligationResult(step, rule, file, "FAILED", seconds=r.seconds, error=first_error(r.output))
+        return ObligationResult(step, rule, f, "FAILED", seconds=r.seconds, error=first_error(r.output))
+
+    def _check_batch(self, batch: list[tuple[int, str, str]]) -> list[ObligationResult]:
+        """Every obligation of `batch` (combinable ones, one prelude) in one combined file;
+        when coqc stops inside module k (an error, a limit, a kill), the modules before k
+        passed, obligation k is checked alone (its verdict, error line and limits are those of
+        its own file) and the rest goes on in a new combined file."""
+        out: list[ObligationResult] = []
+        pending = [e for e in batch if self._keys[e[2]] not in _PROVED]
+        out += [self._check_alone(e) for e in batch if self._keys[e[2]] in _PROVED]
+        while pending:
+            if self._stop.is_set():
+                out += [ObligationResult(s, r, f, "not run") for s, r, f in pending]
+                break
+            if len(pending) == 1:
+                out.append(self._check_alone(pending[0]))
+                break
+            parts = [batching.split(self._texts[f].decode()) for _, _, f in pending]
+            # the marker's nonce is a digest of the modules: no obligation can print the marker of
+            # another (it would have to hold a digest of itself), and the same obligations give
+            # the same file (the test suite serves coqc's verdict on a text once per run)
+            nonce = hashlib.sha256("\0".join([parts[0].prelude] + [p.rest for p in parts]).encode()).hexdigest()[:32]
+            text = batching.combined_text(parts[0].prelude, [p.rest for p in parts], nonce)
+            r = self._run(f"Batch{pending[0][0]:02d}_{len(pending)}.v", text.encode())
+            done = len(pending) if r.returncode == 0 else batching.passed_prefix(r.output, nonce, len(pending))
+            each = round(r.seconds / max(1, done + (done < len(pending))), 2)
+            out += [self._passed(e, each) for e in pending[:done]]
+            if done < len(pending):
+                out.append(self._check_alone(pending[done]))
+            pending = pending[done + 1:]
+        return out
 
     def cancel(self) -> None:
         """Stop every coqc process (the build failed elsewhere)."""
@@ -372,13 +433,47 @@ class PendingCheck:
 
     def result(self) -> ProofCheck:
         try:
-            results = tuple(f.result() if isinstance(f, Future) else f for _, _, _, f in self._futures)
+            checked = {r.file: r for fut in self._futures for r in fut.result()}
         finally:
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
             shutil.rmtree(self._scratch, ignore_errors=True)
+        by_key = {self._keys[f]: r for f, r in checked.items()}
+        results = []
+        for step, rule, f in self._entries:
+            if f in self._cached:
+                results.append(ObligationResult(step, rule, f, "passed", cached=True))
+            else:  # checked itself, or an identical obligation was
+                r = checked.get(f) or by_key[self._keys[f]]
+                results.append(ObligationResult(step, rule, f, r.status, seconds=r.seconds if f in checked else 0.0,
+                                                error=r.error))
         # the check's own time (start to the last coqc's end), not the codegen it ran beside
-        return ProofCheck(True, self._by, "", results, round(self._finished - self._t0, 2), self.jobs)
+        return ProofCheck(True, self._by, "", tuple(results), round(self._finished - self._t0, 2), self.jobs)
+
+
+def _batches(todo: list[tuple[int, str, str]], texts: dict[str, bytes], jobs: int) -> list[list[tuple[int, str, str]]]:
+    """The obligations to check, in at most `jobs` lists of similar size (text length), each
+    list one prelude's combinable obligations in step order; an obligation that must not be
+    combined is a list of its own."""
+    alone: list[list[tuple[int, str, str]]] = []
+    groups: dict[str, list[tuple[int, str, str]]] = {}
+    for e in todo:
+        part = batching.split(texts[e[2]].decode(errors="replace"))
+        if part.combinable:
+            groups.setdefault(part.prelude, []).append(e)
+        else:
+            alone.append([e])
+    out = list(alone)
+    for group in groups.values():
+        n = max(1, min(jobs, len(group)))
+        bins: list[list[tuple[int, str, str]]] = [[] for _ in range(n)]
+        sizes = [0] * n
+        for e in sorted(group, key=lambda e: -len(texts[e[2]])):
+            k = sizes.index(min(sizes))
+            bins[k].append(e)
+            sizes[k] += len(texts[e[2]])
+        out += [sorted(b) for b in bins if b]
+    return out
 
 
 def start_check(proofs: Path, *, use_cache: bool = True, stop_on_failure: bool = True, jobs: int | None = None,

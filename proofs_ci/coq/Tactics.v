@@ -175,12 +175,21 @@ Ltac derivc_destruct_conj :=
 (* beta/zeta/iota and the exporter's small definitions *)
 Ltac derivc_red := cbv beta iota zeta delta [sel andb orb negb div onlineStepW].
 
-(* case on a closed guard (a bool index comparison that mentions no binder) *)
+(* case on a closed guard (a bool index comparison that mentions no binder).  The guard is
+   abstracted by `generalize`, which replaces its syntactic occurrences: `destruct (Nat.ltb_spec
+   a b)` abstracts its index by unification, trying every other comparison of the goal against
+   it up to conversion (unfolding products by unary literals such as 128 * i), which was most of
+   the time of the large ONLINE-AGG / CACHE obligations.  A convertible occurrence that is not
+   syntactically the same is left in place and split by a later call. *)
+Ltac derivc_split_on spec c :=
+  let b := fresh "b" in let Hb := fresh "Hb" in
+  generalize spec; generalize c; intros b Hb; destruct Hb.
+
 Ltac derivc_split :=
   match goal with
-  | |- context [Nat.ltb ?a ?b] => destruct (Nat.ltb_spec a b)
-  | |- context [Nat.leb ?a ?b] => destruct (Nat.leb_spec a b)
-  | |- context [Nat.eqb ?a ?b] => destruct (Nat.eqb_spec a b)
+  | |- context [Nat.ltb ?a ?b] => derivc_split_on (Nat.ltb_spec a b) (Nat.ltb a b)
+  | |- context [Nat.leb ?a ?b] => derivc_split_on (Nat.leb_spec a b) (Nat.leb a b)
+  | |- context [Nat.eqb ?a ?b] => derivc_split_on (Nat.eqb_spec a b) (Nat.eqb a b)
   end.
 
 (* masked iterations of a fold leave the online-aggregation state unchanged *)
