@@ -61,6 +61,13 @@ def three_stages(text: str) -> str:
     return text.replace("level: shared, stages: 2}", "level: shared, stages: 3}")
 
 
+def wide_dq(text: str) -> str:
+    """A wgmma example's text with its dQ kernel on key tiles of 128 (m64n128 score wgmmas)."""
+    old = "- {rule: tile, def: dQ, index: j, size: 64}"
+    assert text.count(old) == 1
+    return text.replace(old, "- {rule: tile, def: dQ, index: j, size: 128}")
+
+
 def head_dim(text: str, d: int) -> str:
     assert "D: 128}" in text
     return text.replace("D: 128}", f"D: {d}}}")
@@ -221,6 +228,20 @@ def test_a_mutated_three_stage_ring_fails_the_cpu_check(fused_three_stages, monk
     monkeypatch.setattr(score_sum_wgmma, "context", ns["context"])
     with pytest.raises(KernelCheckError):
         _check(kd, k, sizes, score_sum_wgmma.render(k))
+
+
+def test_dq_on_key_tiles_of_128_prints_and_matches_its_program(tmp_path):
+    from codegen.build import print_checked
+    from codegen.cuda import nvrtc, sass
+
+    kd, k, sizes = _fused(CAUSAL, wide_dq(CAUSAL.read_text()), tmp_path, kernel="dQ")
+    printed = print_checked(k)
+    assert printed.mapping == "score_sum_wgmma" and printed.plan.block_n == 128
+    assert "wgmma_score(sc0," in printed.variants[0].source.source
+    assert _check(kd, k, sizes, printed)["passed"]
+    if nvrtc.nvrtc_available() and sass.sass_available():
+        report, log = _sass(printed)
+        assert report.has_hgmma and report.local_memory_ops == 0 and "C75" not in log
 
 
 # -- other shapes: head dim 64, two warpgroups ----------------------------------------------------

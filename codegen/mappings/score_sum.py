@@ -493,12 +493,12 @@ def shared_context(m: _Match, score_ref: str, skip_rows: int, skip_unit: str, co
     params, arg_names = kernel_params_c(k, ptr)
     out_seq = p.outs[0].dims[p.outs[0].roles.index("seq")]
     terms = common_terms(values) if common else ()
-    group = {sc.sum: keys.index((sc.row, sc.col)) for sc in scores}
+    score_group = {sc.sum: keys.index((sc.row, sc.col)) for sc in scores}
     if staged_terms is not None:
-        terms = tuple(sorted(set(terms) | set(early_terms(values, group)), key=show_expr))
+        terms = tuple(sorted(set(terms) | set(early_terms(values, score_group)), key=show_expr))
     named = {t: (staged_terms or "cs{}").format(i) for i, t in enumerate(terms)}
-    term_groups = [max(last_group(t, group), 0) for t in terms]
-    acc_groups = [max(last_group(v, group), 0) for v in values]
+    term_groups = [max(last_group(t, score_group), 0) for t in terms]
+    acc_groups = [max(last_group(v, score_group), 0) for v in values]
     reads = staged_reads(terms + values, tuple(term_groups + acc_groups), m.row, m.col, m.loop.var) if staged_reads_at else ()
     loaded = {r.read: staged_reads_at[r.axis].format(i) for i, r in enumerate(reads)}
     exp_kw = {"fast_exp": True} if fast_exp else {}
