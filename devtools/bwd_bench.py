@@ -10,7 +10,7 @@ Peak memory of the backward (torch.cuda.max_memory_allocated above the inputs) i
     python3 devtools/bwd_bench.py [example ...]     # writes $OUT/bwd_bench.json
 
 A case `example:variant` builds the example's text through a VARIANTS transform first (the wgmma
-backward on blocks of two warpgroups, or at head dim 64).
+backward on blocks of two warpgroups, at head dim 64, with three-stage rings, or dQ on key tiles of 128).
 
 A developer script: not part of the package, no test imports it.
 """
@@ -36,6 +36,11 @@ ATTENTION = [
     ("flash_attention_wgmma_grad", 128, True, "causal"),  # the same, causal
     ("flash_attention_wgmma_noncausal_grad:two_warpgroups", 128, False, None),  # dV / dK on 128 key rows
     ("flash_attention_wgmma_grad:two_warpgroups", 128, True, "causal"),
+    ("flash_attention_wgmma_noncausal_grad:three_stages", 128, False, None),  # last accumulation in flight
+    ("flash_attention_wgmma_grad:three_stages", 128, True, "causal"),
+    ("flash_attention_wgmma_noncausal_grad:two_warpgroups_three_stages", 128, False, None),
+    ("flash_attention_wgmma_noncausal_grad:wide_dq", 128, False, None),  # dQ on key tiles of 128
+    ("flash_attention_wgmma_grad:wide_dq", 128, True, "causal"),
     ("flash_attention_wgmma_noncausal_grad:d64", 64, False, None),
     ("flash_attention_wgmma_grad:d64", 64, True, "causal"),
     ("flash_attention_grad_mma", 64, True, "causal"),
@@ -48,9 +53,10 @@ ATTENTION = [
 
 def _variants() -> dict:
     sys.path.insert(0, str(ROOT / "tests"))
-    from test_attention_bwd_wgmma import head_dim, two_warpgroups
+    from test_attention_bwd_wgmma import head_dim, three_stages, two_warpgroups, wide_dq
 
-    return {"two_warpgroups": two_warpgroups, "d64": lambda t: head_dim(t, 64)}
+    return {"two_warpgroups": two_warpgroups, "d64": lambda t: head_dim(t, 64), "three_stages": three_stages,
+            "wide_dq": wide_dq, "two_warpgroups_three_stages": lambda t: three_stages(two_warpgroups(t))}
 
 
 def spec_of(case: str) -> Path:

@@ -20,9 +20,9 @@ CAUSAL = ROOT / "examples" / "flash_attention_wgmma_grad.yaml"
 TEMPLATE = "score_sum_wgmma.cu.j2"
 
 
-def _fused(spec_path: Path, text: str | None = None, tmp: Path | None = None):
-    """(derivation, kernel IR, check sizes) of the spec's dV kernel (which writes dK too); `text`
-    replaces the spec's text (written to `tmp`)."""
+def _fused(spec_path: Path, text: str | None = None, tmp: Path | None = None, kernel: str = "dV"):
+    """(derivation, kernel IR, check sizes) of the spec's dV kernel (which writes dK too), or of
+    `kernel`; `text` replaces the spec's text (written to `tmp`)."""
     from codegen.kir.lower import lower
     from compiler.derive_grad import derive_gradient
     from compiler.spec import load_spec_file
@@ -32,9 +32,9 @@ def _fused(spec_path: Path, text: str | None = None, tmp: Path | None = None):
         spec_path.write_text(text)
     spec = load_spec_file(spec_path)
     g = derive_gradient(spec, str(spec_path), seed=1, check=False)
-    kd = next(k for k in g.kernels if k.grad_kernel == "dV")
+    kd = next(k for k in g.kernels if k.grad_kernel == kernel)
     fixed = {n: v for n, v in spec.sizes.items() if isinstance(v, int)}
-    return kd, lower(kd.final, "dV"), {**spec.check_sizes, **fixed}
+    return kd, lower(kd.final, kernel), {**spec.check_sizes, **fixed}
 
 
 def dv_schedule_variant(text: str, old: str, new: str) -> str:
@@ -52,6 +52,20 @@ def two_warpgroups(text: str) -> str:
         text = dv_schedule_variant(text, f"- {{rule: tile, def: {d}, index: j, size: 64}}",
                                    f"- {{rule: tile, def: {d}, index: j, size: 128}}")
     return text
+
+
+def three_stages(text: str) -> str:
+    """A wgmma example's text with its backward kernels' rings of three stages (the printer then keeps
+    each tile's last accumulation in flight across the next tile's barrier and score wgmmas)."""
+    assert text.count("level: shared, stages: 2}") == 4
+    return text.replace("level: shared, stages: 2}", "level: shared, stages: 3}")
+
+
+def wide_dq(text: str) -> str:
+    """A wgmma example's text with its dQ kernel on key tiles of 128 (m64n128 score wgmmas)."""
+    old = "- {rule: tile, def: dQ, index: j, size: 64}"
+    assert text.count(old) == 1
+    return text.replace(old, "- {rule: tile, def: dQ, index: j, size: 128}")
 
 
 def head_dim(text: str, d: int) -> str:
@@ -128,8 +142,106 @@ def test_the_products_read_the_score_accumulators_as_register_operands(fused):
     assert src.count("wgmma_acc(acc0, pa0[kk]") == 1 and src.count("wgmma_acc(acc1, pa1[kk]") == 1
     assert src.count("wgmma_score(sc0,") == 1 and src.count("wgmma_score(sc1,") == 1
     # P = exp(S - LSE), in dV's value and inside dK's dS, is computed once per element and read by both
-    assert "expf(" not in src and src.count(" = fast_exp2(") == 1 and "const float cs0 = fast_exp2(" in src
-    assert all("cs0" in line for line in src.splitlines() if "pv[0][h] =" in line or "pv[1][h] =" in line)
+    assert "expf(" not in src and src.count(" = fast_exp2(") == 1 and "cs0[kk][j][h] = fast_exp2(" in src
+    assert all("cs0" in line for line in src.splitlines() if "pv[0][h] =" in line)
+    # one wgmma group per score; P and dV's accumulation issued once S has landed, while dP's wgmma
+    # runs; dK's once dP has landed, while dV's accumulation runs
+    body = src.split("one wgmma group per score tile")[1]
+    assert [line.strip() for line in body.splitlines() if "wg_wait<" in line or "wg_commit()" in line
+            or "wgmma_acc(acc" in line] == [
+        "wg_commit();", "wg_commit();", "wg_wait<1>();  // score tile(s) 0 landed",
+        "wgmma_acc(acc0, pa0[kk], dX + (unsigned long long)(kk * 128), (live || kk > 0) ? 1 : 0);", "wg_commit();",
+        "wg_wait<1>();  // score tile(s) 1 landed",
+        "wgmma_acc(acc1, pa1[kk], dX + (unsigned long long)(kk * 128), (live || kk > 0) ? 1 : 0);", "wg_commit();",
+        "wg_wait<0>();  // the accumulations", "wg_wait<0>();  // the last accumulations"]
+
+
+def test_dq_loads_its_row_terms_once_and_forms_p_while_dp_runs(monkeypatch):
+    """dQ: LSE and Dsum are per query row, the same at every key tile: loaded once before the loop;
+    P = exp(S - LSE) is formed once S has landed, while dP's wgmma runs.  Reading the rows of the
+    fragment's first half for both halves shows in the numbers."""
+    from codegen.build import print_checked
+    from codegen.kernel_check import KernelCheckError
+    from codegen.mappings.templates_env import TEMPLATE_DIR
+
+    kd, k, sizes = _fused(CAUSAL, kernel="dQ")
+    printed = print_checked(k)
+    src = printed.variants[0].source.source
+    head, loop = src.split("for (int it = it_begin; it < it_end; ++it)")
+    assert head.count("p_LSE[") == 1 and head.count("p_Dsum[") == 1
+    assert "p_LSE[" not in loop and "p_Dsum[" not in loop
+    assert (loop.index("wg_wait<1>();  // score tile(s) 0 landed") < loop.index("cs0[kk][j][h] = ") < loop.index("fast_exp2(")
+            < loop.index("wg_wait<0>();  // score tile(s) 1 landed"))
+    assert _check(kd, k, sizes, printed)["passed"]
+    text = (TEMPLATE_DIR / TEMPLATE).read_text()
+    old = "const int er_ = wgi * 64 + wq * 16 + g + 8 * h;"
+    assert text.count(old) == 1
+    with pytest.raises(KernelCheckError):
+        _check(kd, k, sizes, _render_with_template(k, text.replace(old, "const int er_ = wgi * 64 + wq * 16 + g;"),
+                                                    monkeypatch))
+
+
+# -- three stages: the last accumulation of a tile in flight across the next tile's barrier --------
+
+@pytest.fixture(scope="module")
+def fused_three_stages(tmp_path_factory):
+    return _fused(CAUSAL, three_stages(CAUSAL.read_text()), tmp_path_factory.mktemp("s3"))
+
+
+def test_three_stages_keep_the_last_accumulation_in_flight(fused_three_stages):
+    from codegen.build import print_checked
+    from codegen.cuda import nvrtc, sass
+
+    kd, k, sizes = fused_three_stages
+    printed = print_checked(k)
+    assert printed.plan.stages == 3
+    src = printed.variants[0].source.source
+    loop = src.split("for (int it = it_begin; it < it_end; ++it)")[1]
+    # the ring refills the slot of step s - 2 (one step ahead), the tile ends waiting for dV's only
+    assert "if (it + 1 < it_end)" in loop and "(s + 1) % 3" in loop
+    assert "wg_wait<1>();  // the accumulations but the last" in loop
+    assert _check(kd, k, sizes, printed)["passed"]
+    if nvrtc.nvrtc_available() and sass.sass_available():
+        report, log = _sass(printed)
+        assert report.local_memory_ops == 0 and "C75" not in log
+
+
+THREE_STAGE_MUTATIONS = {
+    # the ring refilled two steps ahead: the slot the last accumulation still reads is overwritten
+    "ring_refills_the_slot_in_flight": ("lead=p.stages - 2 if p.stages >= 3", "lead=p.stages - 1 if p.stages >= 3"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(THREE_STAGE_MUTATIONS))
+def test_a_mutated_three_stage_ring_fails_the_cpu_check(fused_three_stages, monkeypatch, name):
+    import inspect
+
+    from codegen.kernel_check import KernelCheckError
+    from codegen.mappings import score_sum_wgmma
+
+    kd, k, sizes = fused_three_stages
+    old, new = THREE_STAGE_MUTATIONS[name]
+    src = inspect.getsource(score_sum_wgmma.context)
+    assert src.count(old) == 1, f"{name}: the site moved"
+    ns: dict = {}
+    exec(compile(src.replace(old, new), score_sum_wgmma.__file__, "exec"), score_sum_wgmma.__dict__, ns)
+    monkeypatch.setattr(score_sum_wgmma, "context", ns["context"])
+    with pytest.raises(KernelCheckError):
+        _check(kd, k, sizes, score_sum_wgmma.render(k))
+
+
+def test_dq_on_key_tiles_of_128_prints_and_matches_its_program(tmp_path):
+    from codegen.build import print_checked
+    from codegen.cuda import nvrtc, sass
+
+    kd, k, sizes = _fused(CAUSAL, wide_dq(CAUSAL.read_text()), tmp_path, kernel="dQ")
+    printed = print_checked(k)
+    assert printed.mapping == "score_sum_wgmma" and printed.plan.block_n == 128
+    assert "wgmma_score(sc0," in printed.variants[0].source.source
+    assert _check(kd, k, sizes, printed)["passed"]
+    if nvrtc.nvrtc_available() and sass.sass_available():
+        report, log = _sass(printed)
+        assert report.has_hgmma and report.local_memory_ops == 0 and "C75" not in log
 
 
 # -- other shapes: head dim 64, two warpgroups ----------------------------------------------------
@@ -176,19 +288,28 @@ TEMPLATE_MUTATIONS = {
                            "{{ instr.wgmma_ss('wgmma_score', BN, dt, True) }}"),
     # the A fragment's registers 1 and 2 swapped (rows g + 8 and columns 8.. exchanged)
     "a_fragment_order": ("const int e = 2 * (j & 1) + h;", "const int e = (j & 1) + 2 * h;"),
+    # the column reads (dV / dK: LSE, Dsum per query) loaded at the fragment's other column
+    "column_read_misplaced": ("const int ec_ = nt * 8 + 2 * qd + h;", "const int ec_ = nt * 8 + 2 * qd + 1 - h;"),
     # every query tile overwrites the accumulators instead of adding to them
     "accumulators_reset_per_tile": ("(live || kk > 0) ? 1 : 0", "kk > 0 ? 1 : 0"),
     # the ring waits for one copy group too few: the tile is read before it lands
-    "ring_wait_one_short": ("cp_async_wait<{{ stages - 2 }}>();", "cp_async_wait<{{ stages - 1 }}>();"),
+    "ring_wait_one_short": ("cp_async_wait<{{ lead - 1 }}>();", "cp_async_wait<{{ lead }}>();"),
     # the second k-panel of the head dim read from the first
     "score_second_panel_missed": ("(kd >> 2) * {{ BN * 8 }}", "0"),
     # the copies not made visible to the async proxy before the tensor cores read them
     "no_proxy_fence": ("        fence_proxy_async();  // the copies, visible to the tensor cores' (async proxy) reads\n"
                        "        __syncthreads();      // ...", "        __syncthreads();      // ..."),
-    # the score tiles read before their wgmma group completes
-    "score_read_before_wait": ("        wg_commit();\n        wg_wait<0>();\n", "        wg_commit();\n"),
-    # the accumulations never waited for
-    "accumulation_never_waited": ("        live = 1;\n        wg_wait<0>();", "        live = 1;"),
+    # the score tiles read before their wgmma groups complete (no phase waits)
+    "score_read_before_wait": ("        wg_wait<{{ ph.wait }}>();", ""),
+    # every phase waits for one group too few: S read while its wgmma is in flight
+    "phase_wait_one_short": ("wg_wait<{{ ph.wait }}>();", "wg_wait<{{ ph.wait + 1 }}>();"),
+    # the later phases wait for one group too few: dK's dS reads dP while its wgmma is in flight (dV's
+    # accumulation, issued after dP's score, counted as if it were before)
+    "later_phase_wait_one_short": ("wg_wait<{{ ph.wait }}>();", "wg_wait<{{ ph.wait + (0 if loop.first else 1) }}>();"),
+    # the scores in one wgmma group, each phase's wait counting groups as if there were one per score
+    "scores_in_one_group": ("        }\n        wg_commit();\n{%- endfor %}", "        }\n{%- endfor %}\n        wg_commit();"),
+    # the accumulations never waited for at the end of a tile
+    "accumulation_never_waited": ("wg_wait<{{ 1 if kept else 0 }}>();", ""),
 }
 
 
@@ -238,11 +359,11 @@ def test_the_causal_skip_inverted_fails_the_cpu_check(monkeypatch):
 
     kd, k, sizes = _fused(CAUSAL)
     text = (TEMPLATE_DIR / TEMPLATE).read_text()
-    old = "if ({{ unit_empty }}) continue;"
+    old = "if ({{ unit_empty }}) {"
     assert text.count(old) == 1
     assert _check(kd, k, sizes, _render_with_template(k, text, monkeypatch))["passed"]
     with pytest.raises(KernelCheckError):
-        _check(kd, k, sizes, _render_with_template(k, text.replace(old, "if (!({{ unit_empty }})) continue;"), monkeypatch))
+        _check(kd, k, sizes, _render_with_template(k, text.replace(old, "if (!({{ unit_empty }})) {"), monkeypatch))
 
 
 def _value_patch(monkeypatch, change) -> None:

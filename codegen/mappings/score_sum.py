@@ -61,6 +61,7 @@ from .ctx_common import DEFAULT_OPTIONS, ident, loop_block_var, source
 from .online_fold import _roles
 from .plan import Operand
 from .registry import Mapping, Printed, Variant, register
+from .score_sum_stages import early_terms, last_group, staged_reads
 
 NAME = "score_sum mma_sync"
 
@@ -434,14 +435,20 @@ def common_terms(values: tuple[Expr, ...]) -> tuple[Expr, ...]:
 
 
 def shared_context(m: _Match, score_ref: str, skip_rows: int, skip_unit: str, common: bool = False,
-                   fast_exp: bool = False) -> dict:
+                   fast_exp: bool = False, staged_terms: str | None = None,
+                   staged_reads_at: dict[str, str] | None = None) -> dict:
     """The template context every instruction's printer of the plan shares: pointers, the tile
     range, the element-wise values (a score element is `score_ref` formatted with the score's
     number, C names nt and e in the accumulator layout), the stores; the block skips a tile for
     the `skip_rows` rows of its unit (`skip_unit`: the C index of the warp / warpgroup) when the
     guards keep nothing of it there.  With `common`, the common_terms of the values are printed
     once (`terms`, read by the values as cs<i>); with `fast_exp`, exp is printed as the forward's
-    ex2.approx (element_value_c)."""
+    ex2.approx (element_value_c).  With `staged_terms` (a C format of a term's element, e.g.
+    "cs{}[kk][j][h]"), the early_terms join them, the values read each term there, and the context
+    gives each term's and each value's last score tile (term_groups, acc_groups): a printer that
+    waits for the score tiles one by one computes each as soon as it can.  With `staged_reads_at`
+    (C formats of a row's and a column's loaded element, {"row": "rr{}[e >> 1]", ...}), the reads
+    indexed by the row or the column only are read there (`reads`: axis, first group, load)."""
     p, k = m.plan, m.k
     fixed = k.fixed()
     sizes = size_names(k.sizes)
@@ -486,7 +493,14 @@ def shared_context(m: _Match, score_ref: str, skip_rows: int, skip_unit: str, co
     params, arg_names = kernel_params_c(k, ptr)
     out_seq = p.outs[0].dims[p.outs[0].roles.index("seq")]
     terms = common_terms(values) if common else ()
-    named = {t: f"cs{i}" for i, t in enumerate(terms)}
+    score_group = {sc.sum: keys.index((sc.row, sc.col)) for sc in scores}
+    if staged_terms is not None:
+        terms = tuple(sorted(set(terms) | set(early_terms(values, score_group)), key=show_expr))
+    named = {t: (staged_terms or "cs{}").format(i) for i, t in enumerate(terms)}
+    term_groups = [max(last_group(t, score_group), 0) for t in terms]
+    acc_groups = [max(last_group(v, score_group), 0) for v in values]
+    reads = staged_reads(terms + values, tuple(term_groups + acc_groups), m.row, m.col, m.loop.var) if staged_reads_at else ()
+    loaded = {r.read: staged_reads_at[r.axis].format(i) for i, r in enumerate(reads)}
     exp_kw = {"fast_exp": True} if fast_exp else {}
     return dict(
         kname=ident(k.name), dt=p.dtype, ct=p.dtype + "_t", elem=elem, vec=16 // elem,
@@ -501,8 +515,10 @@ def shared_context(m: _Match, score_ref: str, skip_rows: int, skip_unit: str, co
                         lim=sizes[t.rows_size]) for t in p.col_tiles],
         row_lds=[stride_c(t.op, t.op.roles.index("seq"), fixed) for t in p.row_tiles],
         scores=[dict(row=s.row, col=s.col) for s in p.scores],
-        terms=[element_value_c(k, t, names, score_of, **exp_kw) for t in terms],
-        accs=[dict(tile=t, value=element_value_c(k, v, names, {**score_of, **named}, **exp_kw), out_dt=o.dtype, out_name=o.name,
+        terms=[element_value_c(k, t, names, {**score_of, **loaded}, **exp_kw) for t in terms],
+        term_groups=term_groups, acc_groups=acc_groups,
+        reads=[dict(axis=r.axis, first=r.first, invariant=r.invariant, load=element_value_c(k, r.read, names, {})) for r in reads],
+        accs=[dict(tile=t, value=element_value_c(k, v, names, {**score_of, **named, **loaded}, **exp_kw), out_dt=o.dtype, out_name=o.name,
                    out_ptr=ptr[o.name], out_base=base_c(o, fixed, "rt * %d" % p.block_m),
                    out_ld=stride_c(o, o.roles.index("seq"), fixed))
               for t, v, o in zip(p.acc_tiles, values, p.outs)],

@@ -38,6 +38,8 @@ from .score_sum import ScoreSumPlan, _Match, match, shared_context
 NAME = "score_sum wgmma"
 HEADS = (64, 128)
 PANEL = 64  # elements of a 128-byte swizzle row (f16 / bf16)
+# a row read is loaded per fragment row (e >> 1: rows g, g + 8), a column read per fragment column (nt, e & 1)
+READS_AT = {"row": "rr{}[e >> 1]", "col": "rc{}[nt][e & 1]"}
 
 
 def check_plan(p: ScoreSumPlan) -> None:
@@ -53,6 +55,27 @@ def check_plan(p: ScoreSumPlan) -> None:
         raise refuse(NAME, f"group loops ({', '.join(p.groups)}: a sum over query heads) are not implemented")
 
 
+def phases(n_scores: int, term_groups: list[int], acc_groups: list[int], read_groups: list[int]) -> list[dict]:
+    """The element-wise work in the order the score tiles land (one wgmma group each, issued in
+    order): phase g waits for group g, leaving the later score groups and the accumulations issued
+    by earlier phases in flight (wgmma.wait_group counts the most recent groups), and computes the
+    terms and values whose last score tile is g; the row / column reads a phase needs are loaded
+    one phase ahead (`ahead`: the first phase's before the score wgmmas are issued)."""
+    out, issued, fenced = [], 0, 0
+    for g in range(n_scores):
+        terms = [i for i, t in enumerate(term_groups) if t == g]
+        accs = [i for i, a in enumerate(acc_groups) if a == g]
+        if not terms and not accs:
+            continue
+        out.append(dict(wait=n_scores - 1 - g + issued, scores=list(range(fenced, g + 1)), terms=terms, accs=accs,
+                        reads=[i for i, r in enumerate(read_groups) if r == g], ahead=[]))
+        fenced = g + 1
+        issued += 1 if accs else 0
+    for before, ph in zip(out, out[1:]):
+        before["ahead"] = ph["reads"]
+    return out
+
+
 def context(m: _Match) -> dict:
     p = m.plan
     elem = 2
@@ -60,8 +83,17 @@ def context(m: _Match) -> dict:
     tile_bytes_c = p.block_n * p.head * elem
     row_smem = len(p.row_tiles) * tile_bytes_r
     col_smem = p.stages * len(p.col_tiles) * tile_bytes_c
+    shared = shared_context(m, "sc{}[4 * nt + e]", 64, "wgi", common=True, fast_exp=True, staged_terms="cs{}[kk][j][h]",
+                            staged_reads_at=READS_AT)
+    # a read the same at every tile is loaded once, before the loop
+    reads = shared["reads"]
+    order = phases(len(p.scores), shared["term_groups"], shared["acc_groups"],
+                   [-1 if r["invariant"] else r["first"] for r in reads])
     return dict(
-        shared_context(m, "sc{}[4 * nt + e]", 64, "wgi", common=True, fast_exp=True),
+        shared, phases=order, ahead=order[0]["reads"],
+        # three stages or more: the ring is loaded one step less ahead, so that the accumulations of a
+        # step stay in flight across the next step's barrier, loads and score wgmmas
+        inflight=p.stages >= 3, lead=p.stages - 2 if p.stages >= 3 else p.stages - 1, invariant=[i for i, r in enumerate(reads) if r["invariant"]],
         threads=p.warps * 32, NWG=p.warps // 4, PANEL=PANEL, PANELS=p.head // PANEL,
         SN=p.block_n // 2, AN=p.head // 2, KD=p.head // 16, KT=p.block_n // 16,
         # 1024 bytes of slack: the tiles start at the next 1024-byte boundary (the swizzle atom)

@@ -19,7 +19,7 @@ for p in (ROOT, ROOT / "tests", Path(__file__).resolve().parent):
         sys.path.insert(0, str(p))
 
 from test_attention_bwd_mma_gpu import _inputs, _reference, _rel, _time_ms  # noqa: E402
-from test_attention_bwd_wgmma import head_dim, two_warpgroups  # noqa: E402
+from test_attention_bwd_wgmma import head_dim, three_stages, two_warpgroups, wide_dq  # noqa: E402
 
 NONCAUSAL = ROOT / "examples" / "flash_attention_wgmma_noncausal_grad.yaml"
 CAUSAL = ROOT / "examples" / "flash_attention_wgmma_grad.yaml"
@@ -31,6 +31,13 @@ CASES = {
     "causal_d64": (CAUSAL, True, 64, lambda t: head_dim(t, 64)),
     "noncausal_d128_two_warpgroups": (NONCAUSAL, False, 128, two_warpgroups),
     "causal_d128_two_warpgroups": (CAUSAL, True, 128, two_warpgroups),
+    # three-stage rings: each tile's last accumulation in flight across the next tile's barrier
+    "noncausal_d128_three_stages": (NONCAUSAL, False, 128, three_stages),
+    "causal_d128_three_stages": (CAUSAL, True, 128, three_stages),
+    "causal_d128_two_warpgroups_three_stages": (CAUSAL, True, 128, lambda t: three_stages(two_warpgroups(t))),
+    # dQ on key tiles of 128 (m64n128 score wgmmas)
+    "noncausal_d128_wide_dq": (NONCAUSAL, False, 128, wide_dq),
+    "causal_d128_wide_dq": (CAUSAL, True, 128, wide_dq),
 }
 SIZES = (1, 77, 129, 1000)
 TOL = 1e-2  # f16 inputs and outputs, f32 accumulation: the norm-wise error of the forward's checks
