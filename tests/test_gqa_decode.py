@@ -161,3 +161,20 @@ def test_map_mma_refuses_packed_rows_it_does_not_implement(edit, reason):
     want = "not in the loop-nest order" if "ii, g" in reason else "packed rows .* mma_sync only|wgmma"
     with pytest.raises(DerivationError, match=want):
         derive(parse_spec_text(text), check=False)
+
+
+def test_a_mask_at_the_head_index_instead_of_the_query_row_is_caught(monkeypatch):
+    """The causal mask of packed row r must test query row q0 + r mod q_rows; printed at r / q_rows
+    (the head) instead, rows see the wrong keys."""
+    from codegen.mappings import render
+
+    real = render._packed_rows
+
+    def row_of_the_head(p, rows_w):
+        return {**real(p, rows_w), "qrow": lambda r: f"(q0 + ({r}) / {p.block_m})"}
+
+    monkeypatch.setattr(render, "_packed_rows", row_of_the_head)
+    sizes = packed_sizes(4, 77)
+    prog = final(variant(NQ))
+    with pytest.raises(CodegenError, match="kernel O_part"):
+        check_stages(stages(prog, "nq", sizes, 1)[:1], sizes, 4, TILES)

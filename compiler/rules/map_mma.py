@@ -48,8 +48,7 @@ class MapMmaParams(StepParams):
     instr: Literal["mma_sync", "wgmma"] = "mma_sync"
     """the tensor-core instruction: mma_sync (m16n8k16, sm_80+) or wgmma (m64nNk16, Hopper)"""
     m: str | tuple[str, ...] | None = None
-    """the row loop of an operand computed in registers (FA2's P in P·V), when no read names it;
-    a list of loops for packed rows (row-major product, e.g. [g, ii])"""
+    """the row loop of an operand computed in registers (FA2's P in P·V), when no read names it; a list of loops for packed rows (their row-major product, e.g. [g, ii])"""
 
 
 class MapMma(Rule):
