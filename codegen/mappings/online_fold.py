@@ -26,7 +26,9 @@ Layouts: every index map of Q, K, V and O is read off the kernel IR (`_roles`): 
 holds the tile rows, the last the head-dim index (stride 1), every other one a grid loop's block
 index — [B, H, N, D], flash-attn's [B, N, H, D], grouped-query K / V read at the KV head only.
 The printers address each operand with its row-major strides (TMA maps of that rank, cp.async
-row addresses); any other index map is refused by name.
+row addresses); any other index map is refused by name.  Packed rows (mma.sync; GQA decode): the
+lanes are (g, ii, d) with g and ii on warps, Q staged as Q_t[g < G, r < BM, e] and read Q_t[g, ii, e],
+Q and O (and the state) read g at one dim (role 'pack'): tile row BM·g + ii, K / V once per block.
 
 SCORE is any element-wise expression of the contraction (once), constants, index values, sizes and
 reads of the kernel's inputs at the query row, key column, tiles, batch indices and sizes (ALiBi's
@@ -563,6 +565,8 @@ def _print(k: Kernel, options: tuple[str, ...], instr: str) -> Printed:
     if wgmma and (plan.state is not None or mask.key_tile is not None):
         raise refuse(name, "SPLIT-KV's partial fold (strided key tiles, the state m, l stored) is printed on "
                      "mma.sync only")
+    if wgmma and plan.pack > 1:
+        raise refuse(name, f"packed rows ({plan.pack} query heads per tile) are printed on mma.sync only")
     if mask.key_tile is not None and any(isinstance(c, Or) for c in mask.conds):
         raise refuse(name, f"a disjunctive mask over the strided key tiles {mask.key_tile} is not implemented")
     try:
