@@ -97,6 +97,17 @@ def test_speculative_rows_pass_the_emulation(q_rows, warps, nq, nk):
     assert all(r["passed"] for r in check_stages(found, sizes, 4, TILES))
 
 
+@pytest.mark.parametrize("g, q_rows, warps, nq, nk", [(1, 16, 1, 5, 77), (8, 2, 1, 1, 100), (8, 16, 8, 3, 33)])
+def test_other_group_sizes_pass_the_emulation(g, q_rows, warps, nq, nk):
+    """G = 1 (a packed extent of one: the unpacked tile), G = 8 with 2 rows per head on one warp
+    and 16 rows per head on eight warps."""
+    text = re.sub(r"G: \d+,", f"G: {g},", variant(NQ, q_rows=q_rows, warps=warps), count=1)
+    sizes = {**packed_sizes(nq, nk), "G": g}
+    found = stages(final(text), "nq", sizes, 1)
+    assert found[0].printed.mapping == MMA and found[0].printed.plan.pack == g
+    assert all(r["passed"] for r in check_stages(found, sizes, 4, TILES))
+
+
 def reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool) -> np.ndarray:
     """float64 attention of every query head against its group's K / V head."""
     q64, k64, v64 = (x.astype(np.float64) for x in (q, k, v))

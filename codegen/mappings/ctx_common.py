@@ -122,10 +122,9 @@ def attn_addressing(p: AttentionPlan, sz: Sizes) -> dict:
 def _pack_stride(ctx: dict, key: str, op: Operand, roles: tuple[str, ...], p: AttentionPlan, sz: Sizes) -> None:
     """`ldp_<key>`: the stride of the packed query head (the operand's 'pack' dim), when the
     plan packs heads into the tile rows; K and V are read once per block, never at it."""
-    if "pack" in roles:
-        if p.pack == 1 or key in ("k", "v"):
-            raise ValueError(f"operand {op.name} reads the packed head, the plan packs {p.pack} head(s) "
-                             "and K / V are read once per block")
+    if "pack" in roles:  # a packed extent of 1 (G = 1) is the unpacked tile: head 0 only
+        if key in ("k", "v"):
+            raise ValueError(f"operand {op.name} reads the packed head: K / V are read once per block")
         ctx[f"ldp_{key}"] = sz.stride_at(op, roles.index("pack"))
     elif p.pack > 1 and key not in ("k", "v"):
         raise ValueError(f"operand {op.name} has no packed-head dim; the plan packs {p.pack} heads per tile")

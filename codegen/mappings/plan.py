@@ -237,7 +237,8 @@ def check_plan(plan: Plan) -> None:
                 raise ValueError(f"operand {op.name}: sequence dim must be {seq!r}")
             if op.roles and any(r not in ("seq", "head", "pack") and r not in grid_loops for r in roles):
                 raise ValueError(f"operand {op.name}: roles {roles} name a loop that is not on the grid")
-            if roles.count("pack") != (0 if plan.pack == 1 or op in (plan.k, plan.v) else 1):
+            if roles.count("pack") > (0 if op in (plan.k, plan.v) else 1) or (plan.pack > 1 and op in (plan.q, plan.o)
+                                                                               and "pack" not in roles):
                 raise ValueError(f"operand {op.name}: roles {roles}: the plan packs {plan.pack} query heads per "
                                  "tile; Q and O read the packed head at one dim, K and V never")
             if not op.roles and op.dims[:-2] != plan.batch:
