@@ -25,7 +25,7 @@ from codegen.emu import host_compiler
 from codegen.multi_kernel import check_stages, stages
 from compiler.derive import DerivationError, derive
 from compiler.ir import Program
-from compiler.spec import load_spec_file, parse_spec_text
+from compiler.spec import parse_spec_text
 
 pytestmark = pytest.mark.skipif(host_compiler() is None, reason="no host C++ compiler")
 

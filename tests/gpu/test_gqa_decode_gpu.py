@@ -30,14 +30,19 @@ NQ = ROOT / "examples" / "decode_splitkv_nq.yaml"
 # (G, q_rows, warps): 16 tile rows per warp; a warp per head when q_rows = 16
 TILINGS = {1: ((16, 1),), 4: ((4, 1), (16, 4)), 8: ((2, 1), (16, 8))}
 BENCH_SHAPES = ((1, 32768), (8, 4096))  # (B, Nk) at H = 32 query heads over 8 K / V heads, d128
+SPLITS_BENCH = (16, 32, 64)  # the examples' 16 first: B = 1 has B·HK·16 = 128 one-warp blocks only
 
 
-def spec_text(g: int, q_rows: int, warps: int) -> str:
-    """decode_splitkv_nq.yaml with G = g and the variant (q_rows, warps) written in."""
+def spec_text(g: int, q_rows: int, warps: int, splits: int = 16) -> str:
+    """decode_splitkv_nq.yaml with G = g, the variant (q_rows, warps) and `splits` written in."""
     text = NQ.read_text()
     text = re.sub(r"^variants: .*\n", "", text, flags=re.M)
     text = text.replace("$q_rows", str(q_rows)).replace("$warps", str(warps))
-    return re.sub(r"G: \d+,", f"G: {g},", text, count=1)
+    return with_splits(re.sub(r"G: \d+,", f"G: {g},", text, count=1), splits)
+
+
+def with_splits(text: str, splits: int) -> str:
+    return re.sub(r"splits: \d+}", f"splits: {splits}}}", text)
 
 
 def tiling(g: int, nq: int) -> tuple[int, int]:
@@ -125,7 +130,8 @@ def test_gqa_example_against_float64(torch, b, nk):
 
 def bench(iters: int = 50) -> None:
     """Ours vs torch SDPA (enable_gqa=True) in one process: H = 32 query / 8 K-V heads, d128,
-    Nq = 1 (the GQA example), 4 and 16 (the speculative example's tilings); KV GB/s counts K and V
+    Nq = 1 (the GQA example, and the speculative one's tilings), 4 and 16 (the tilings that hold
+    Nq rows per head in one query tile), each at 16, 32 and 64 splits; KV GB/s counts K and V
     read once."""
     import torch
     import torch.nn.functional as F
@@ -143,24 +149,30 @@ def bench(iters: int = 50) -> None:
         torch.cuda.synchronize()
         return start.elapsed_time(end) / iters
 
-    print(f"{'B':>3} {'Nk':>6} {'Nq':>3} {'tiling':>10}  {'derivc ms':>9}  {'SDPA ms':>8}  {'ratio':>6}  {'KV GB/s':>8}")
+    print(f"{'B':>3} {'Nk':>6} {'Nq':>3} {'schedule':>14}  {'derivc ms':>9}  {'SDPA ms':>8}  {'ratio':>6}  {'KV GB/s':>8}")
     for b, nk in BENCH_SHAPES:
         k = torch.randn(b, 8, nk, 128, device="cuda").half()
         v = torch.randn(b, 8, nk, 128, device="cuda").half()
         for nq in (1, 4, 16):
             q = torch.randn(b, 32, nq, 128, device="cuda").half()
             qv = q.view(b, 8, 4, nq, 128)
-            runs = [("gqa", load_text(GQA.read_text(), GQA.stem))] if nq == 1 else []
-            runs += [(f"r{r}w{w}", load_text(spec_text(4, r, w), f"decode_nq_g4_r{r}_w{w}")) for r, w in TILINGS[4]]
-            if nq == 1:
-                sdpa = time_ms(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
-            else:  # the new rows' bottom-right causal mask (row i sees keys <= Nk - Nq + i)
-                keep = torch.arange(nk, device="cuda")[None, :] <= torch.arange(nq, device="cuda")[:, None] + nk - nq
+            runs = [(f"gqa s{sp}", load_text(with_splits(GQA.read_text(), sp), f"{GQA.stem}_s{sp}"))
+                    for sp in SPLITS_BENCH] if nq == 1 else []
+            runs += [(f"r{r}w{w} s{sp}", load_text(spec_text(4, r, w, sp), f"decode_nq_g4_r{r}_w{w}_s{sp}"))
+                     for r, w in TILINGS[4] if nq <= r or r == TILINGS[4][-1][0] for sp in SPLITS_BENCH]
+            # the new rows' bottom-right causal mask (row i sees keys <= Nk - Nq + i); none for one row
+            keep = None if nq == 1 else \
+                torch.arange(nk, device="cuda")[None, :] <= torch.arange(nq, device="cuda")[:, None] + nk - nq
+            try:
                 sdpa = time_ms(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=True))
+            except TypeError:  # torch < 2.5: no enable_gqa; SDPA on K / V repeated per query head
+                kr, vr = k.repeat_interleave(4, dim=1), v.repeat_interleave(4, dim=1)
+                sdpa = time_ms(lambda: F.scaled_dot_product_attention(q, kr, vr, attn_mask=keep))
+                print("(torch without enable_gqa: SDPA timed on repeated K / V)")
             for name, chain in runs:
                 ours = time_ms(lambda: chain(qv, k, v))
                 gbs = 2 * b * 8 * nk * 128 * 2 / (ours * 1e-3) / 1e9
-                print(f"{b:>3} {nk:>6} {nq:>3} {name:>10}  {ours:>9.3f}  {sdpa:>8.3f}  {sdpa / ours:>6.2f}  {gbs:>8.0f}")
+                print(f"{b:>3} {nk:>6} {nq:>3} {name:>14}  {ours:>9.3f}  {sdpa:>8.3f}  {sdpa / ours:>6.2f}  {gbs:>8.0f}")
 
 
 if __name__ == "__main__":
