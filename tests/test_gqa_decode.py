@@ -62,9 +62,9 @@ def packed_sizes(nq: int, nk: int, hk: int = 2) -> dict[str, int]:
     return {"B": 1, "HK": hk, "G": 4, "Nq": nq, "Nk": nk, "D": 128}
 
 
-@pytest.mark.parametrize("nq, nk", [(1, 1100), (1, 1), (1, 100), (5, 77), (3, 300)])
+@pytest.mark.parametrize("nq, nk", [(1, 4100), (1, 1), (1, 100), (5, 77), (3, 300)])
 def test_packed_gqa_kernels_pass_the_emulation(gqa, nq, nk):
-    """Nk = 1 (fifteen empty splits), Nk = 100 (twelve), key tails; Nq = 5: a second query tile
+    """Nk = 1 (63 empty splits of 64), Nk = 100 (60), key tails; Nq = 5: a second query tile
     holding one row per head (the packed rows 1–3 of each head past Nq are not stored)."""
     sizes = packed_sizes(nq, nk)
     found = stages(gqa, "gqa", sizes, 1)
@@ -75,7 +75,7 @@ def test_packed_gqa_kernels_pass_the_emulation(gqa, nq, nk):
 
 
 def test_the_grid_holds_no_query_head(gqa):
-    """One block per (split and query tile, K / V head, batch): B·HK·16 blocks for one row, a
+    """One block per (split and query tile, K / V head, batch): B·HK·64 blocks for one row, a
     quarter of the per-query-head grid; K and V are read at hk only."""
     part = stages(gqa, "gqa", packed_sizes(1, 300), 1)[0]
     assert [g.var for g in part.kernel.grid] == ["b", "hk", "ks", "io"]
@@ -84,7 +84,7 @@ def test_the_grid_holds_no_query_head(gqa):
     assert plan.q.roles == ("b", "hk", "pack", "seq", "head") and plan.o.roles[2] == "pack"
 
 
-@pytest.mark.parametrize("q_rows, warps, nq, nk", [(4, 1, 5, 77), (4, 1, 2, 1100), (16, 4, 16, 77),
+@pytest.mark.parametrize("q_rows, warps, nq, nk", [(4, 1, 5, 77), (4, 1, 2, 4100), (16, 4, 16, 77),
                                                    (16, 4, 7, 33), (16, 4, 1, 1)])
 def test_speculative_rows_pass_the_emulation(q_rows, warps, nq, nk):
     """Nq new rows, bottom-right causal (row i sees keys j <= Nk - Nq + i): 16 rows on one warp
