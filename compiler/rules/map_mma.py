@@ -86,6 +86,8 @@ class MapMma(Rule):
             raise self.fail("the B operand must be read from a staged tile or an input")
         a_info = self._operand(prog, a, p.index, buffers, "A")
         rows = a_info["rows"] or m_named
+        if a_info["computed"] and a_info["rows"] and len(a_info["rows"]) > 1:
+            rows = m_named  # a register tile read at several indices: its rows are the ones m names
         if rows is None:
             raise self.fail("the A operand is computed in registers; name its row loop with m")
         if len(b_info["rows"]) != 1:
