@@ -5,8 +5,8 @@ Each mutation edits one file of a private copy of codegen/ and runs the codegen 
 example's build with that copy on the build's derivation (derivc_testing.codegen_checks_of_mutant:
 derived once per example, checked in a forked child); the `kernel` step must fail.  The first ten are the ones a hostile audit on 2026-12-01 slipped past every CPU
 check (issue 15); the rest cover the instructions the emulation stands for (swizzle, pipeline
-depth, mbarrier waits, ldmatrix, descriptors), the printers (epilogue, grid decode) and SPLIT-KV's
-partial fold on mma.sync (strided key tiles, the stored state).
+depth, mbarrier waits, ldmatrix, descriptors), the printers (epilogue, grid decode), SPLIT-KV's
+partial fold on mma.sync (strided key tiles, the stored state) and GQA decode's packed rows.
 """
 from __future__ import annotations
 
@@ -104,6 +104,11 @@ MUTATIONS = (
              "inv[h] = 1.0f;", "inv[h] = l > 0.0f ? 1.0f / l : 0.0f;"),
     Mutation("split_kv_mma_m_in_log2_units", "decode_splitkv.yaml", T + "online_fold.cu.j2",
              "= 0.693147180559945309f * m_r[mi][h];", "= m_r[mi][h];"),
+    # --- GQA decode's packed rows: a row paired with another head of the group
+    Mutation("gqa_packed_row_head_column_major", "decode_splitkv_gqa.yaml", "codegen/mappings/render.py",
+             'return f"((long long)(({r}) / {bm}) * ({ldp})', 'return f"((long long)(({r}) % {p.pack}) * ({ldp})'),
+    Mutation("gqa_packed_q_read_at_the_row_stride", "decode_splitkv_gqa.yaml", T + "online_fold.cu.j2",
+             "row_off(r, ld_q, ldp_q)", "row_off(r, ld_q, ld_q)"),
 )
 
 

@@ -220,14 +220,17 @@ def test_mutation_partial_state_not_rescaled_fails(monkeypatch):
 
 
 def test_gqa_decode_reads_the_shared_kv_head():
-    """32 query heads over 8 K / V heads: the grid is (split and query tile, query head, K / V
-    head, batch); the G query heads of a K / V head read its tiles at the same K / V index."""
+    """32 query heads over 8 K / V heads: the grid is (split and query tile, K / V head, batch),
+    no query head on it; the G query heads of a K / V head are packed with the query rows into
+    the mma tile's rows (g, ii), so one block reads each K / V tile once for the whole group."""
     path = ROOT / "examples" / "decode_splitkv_gqa.yaml"
     d = derive(load_spec_file(path), str(path), seed=2)
     assert all(s.numeric["passed"] for s in d.steps)
     part = d.final.def_named("O_part")
     grid = [lp.var for lp in part.loops if lp.mapping and lp.mapping.level == "grid"]
-    assert grid == ["b", "hk", "g", "ks", "io"]
+    assert grid == ["b", "hk", "ks", "io"]
+    assert [lp.var for lp in part.loops if lp.mapping and lp.mapping.level == "warp"] == ["g", "ii"]
+    assert [s.facts.get("rows") for s in d.steps if s.rule == "map_mma"] == [["g", "ii"], ["g", "ii"]]
     prog = derive(load_spec_file(path), str(path), check=False, upto=SPLIT_STEP).final
     sizes = {"B": 1, "HK": 2, "G": 4, "Nq": 1, "Nk": 200, "D": 128}
     rng = np.random.default_rng(1)

@@ -101,19 +101,33 @@ def attn_addressing(p: AttentionPlan, sz: Sizes) -> dict:
         roles = op_roles(op)
         if roles[-1] != "head":
             raise ValueError(f"operand {op.name}: the head dim must be innermost (stride 1)")
-        terms = [f"{loop_block_var(r)} * {sz.stride_at(op, i)}" for i, r in enumerate(roles) if r not in ("seq", "head")]
+        terms = [f"{loop_block_var(r)} * {sz.stride_at(op, i)}" for i, r in enumerate(roles)
+                 if r not in ("seq", "head", "pack")]
         ctx[f"off_{key}"] = " + ".join(terms) if terms else "0"
         ctx[f"ld_{key}"] = sz.stride_at(op, roles.index("seq"))
+        _pack_stride(ctx, key, op, roles, p, sz)
     ctx["lse"] = p.lse is not None
     ctx["state"] = p.state is not None
     rows = (("lse", p.lse),) if p.lse is not None else ()
     rows += tuple(zip(("m", "l"), p.state or ()))
     for key, op in rows:  # the statistic, SPLIT-KV's m and l: O's layout without the head dim
         roles = op_roles(op)
-        terms = [f"{loop_block_var(r)} * {sz.stride_at(op, i)}" for i, r in enumerate(roles) if r != "seq"]
+        terms = [f"{loop_block_var(r)} * {sz.stride_at(op, i)}" for i, r in enumerate(roles) if r not in ("seq", "pack")]
         ctx[f"off_{key}"] = " + ".join(terms) if terms else "0"
         ctx[f"ld_{key}"] = sz.stride_at(op, roles.index("seq"))
+        _pack_stride(ctx, key, op, roles, p, sz)
     return ctx
+
+
+def _pack_stride(ctx: dict, key: str, op: Operand, roles: tuple[str, ...], p: AttentionPlan, sz: Sizes) -> None:
+    """`ldp_<key>`: the stride of the packed query head (the operand's 'pack' dim), when the
+    plan packs heads into the tile rows; K and V are read once per block, never at it."""
+    if "pack" in roles:  # a packed extent of 1 (G = 1) is the unpacked tile: head 0 only
+        if key in ("k", "v"):
+            raise ValueError(f"operand {op.name} reads the packed head: K / V are read once per block")
+        ctx[f"ldp_{key}"] = sz.stride_at(op, roles.index("pack"))
+    elif p.pack > 1 and key not in ("k", "v"):
+        raise ValueError(f"operand {op.name} has no packed-head dim; the plan packs {p.pack} heads per tile")
 
 
 def with_roles(p: AttentionPlan) -> AttentionPlan:

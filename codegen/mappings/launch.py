@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from compiler.machine import DTYPES
 
-from codegen.mappings.plan import ContractionPlan, Plan
+from codegen.mappings.plan import ContractionPlan, Plan, tile_rows
 
 def _align(n: int, a: int = 128) -> int:
     return (n + a - 1) // a * a
@@ -26,7 +26,7 @@ def smem_layout(plan: Plan) -> dict[str, int]:
         d = plan.head_dim
         if plan.mma is not None or plan.q.level == "shared":
             out["q"] = off
-            off += _align(plan.block_m * d * eb)
+            off += _align(tile_rows(plan) * d * eb)
         if plan.k.level == "shared":
             out["k"] = off
             off += _align(plan.stages * plan.block_n * d * eb)
@@ -34,6 +34,6 @@ def smem_layout(plan: Plan) -> dict[str, int]:
             off += _align(plan.stages * plan.block_n * d * eb)
         if plan.mma is not None and not plan.p_in_registers:
             out["p"] = off
-            off += _align(plan.block_m * plan.block_n * eb)
+            off += _align(tile_rows(plan) * plan.block_n * eb)
     out["total"] = off
     return out

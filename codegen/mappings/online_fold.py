@@ -26,7 +26,9 @@ Layouts: every index map of Q, K, V and O is read off the kernel IR (`_roles`): 
 holds the tile rows, the last the head-dim index (stride 1), every other one a grid loop's block
 index — [B, H, N, D], flash-attn's [B, N, H, D], grouped-query K / V read at the KV head only.
 The printers address each operand with its row-major strides (TMA maps of that rank, cp.async
-row addresses); any other index map is refused by name.
+row addresses); any other index map is refused by name.  Packed rows (mma.sync; GQA decode): the
+lanes are (g, ii, d) with g and ii on warps, Q staged as Q_t[g < G, r < BM, e] and read Q_t[g, ii, e],
+Q and O (and the state) read g at one dim (role 'pack'): tile row BM·g + ii, K / V once per block.
 
 SCORE is any element-wise expression of the contraction (once), constants, index values, sizes and
 reads of the kernel's inputs at the query row, key column, tiles, batch indices and sizes (ALiBi's
@@ -101,9 +103,9 @@ def match(k: Kernel, mapping: str) -> tuple[AttentionPlan, FoldMask]:
     m, l, acc = (st.name for st in loop.state)
     if tuple(st.init for st in loop.state) != (NEG_INF, Const(0.0), Const(0.0)):
         raise refuse(mapping, "fold state does not start at (-inf, 0, 0)")
-    if len(k.lanes) != 2:
-        raise refuse(mapping, "the output tile must be rows x head-dim lanes")
-    row, dl = k.lanes[0].var, k.lanes[1].var
+    pack_lane = _pack_lane(k, mapping)
+    row, dl = k.lanes[-2].var, k.lanes[-1].var
+    pack = pack_lane.var if pack_lane is not None else None
     stages = [s for s in loop.body if isinstance(s, Stage)]
     computes = [s for s in loop.body if isinstance(s, Compute)]
     if len(stages) != 2 or len(computes) != 3 or len(loop.body) != 5:
@@ -125,10 +127,11 @@ def match(k: Kernel, mapping: str) -> tuple[AttentionPlan, FoldMask]:
     e = score.var
     qk = score.body
     by_name = {st.buf.name: st for st in stages}
+    q_rows = (pack, row) if pack else (row,)
     if not (isinstance(qk, Bin) and qk.op == "*" and isinstance(qk.a, Read) and isinstance(qk.b, Read)
-            and qk.a.tensor == q_stage.buf.name and qk.a.idx == (Aff.of(row), Aff.of(e))
+            and qk.a.tensor == q_stage.buf.name and qk.a.idx == tuple(Aff.of(v) for v in q_rows + (e,))
             and qk.b.tensor in by_name and qk.b.idx == (Aff.of(c), Aff.of(e))):
-        raise refuse(mapping, f"the score is not Q[{row}, {e}] * K[{c}, {e}] over the staged tiles")
+        raise refuse(mapping, f"the score is not Q[{', '.join(q_rows)}, {e}] * K[{c}, {e}] over the staged tiles")
     k_stage = by_name[qk.b.tensor]
     # m' = max(m, max(x < BN: S[x]))
     mx = mn_c.value
@@ -186,9 +189,11 @@ def match(k: Kernel, mapping: str) -> tuple[AttentionPlan, FoldMask]:
     if sidx[rows[0]].coef(row) != 1 or rest.const or len(rest.terms) != 1 or rest.terms[0][0] not in grid_vars:
         raise refuse(mapping, f"the output row index {sidx[rows[0]]} is not BM * query tile + {row}")
     qt, bm = rest.terms[0]
-    o_roles = _roles(sidx, Aff.build({qt: bm, row: 1}), dl, grid_vars - {qt}, f"output {out.name}", mapping)
+    o_roles = _roles(sidx, Aff.build({qt: bm, row: 1}), dl, grid_vars - {qt}, f"output {out.name}", mapping, pack)
     batch_vars = grid_vars - {qt}
-    q_op = _operand(k, q_stage, Aff.of(qt, bm), batch_vars, mapping)
+    q_op = _operand(k, q_stage, Aff.of(qt, bm), batch_vars, mapping, pack is not None)
+    if pack is not None:
+        _check_pack_uses(pack, mask, general, mapping)
     # the key tile of step jo, read off K's and V's staging index maps (rows BN * tile + r)
     key_tile = _key_tile(k_stage, bn, loop.var, batch_vars, mapping)
     if _key_tile(v_stage, bn, loop.var, batch_vars, mapping) != key_tile:
@@ -210,11 +215,12 @@ def match(k: Kernel, mapping: str) -> tuple[AttentionPlan, FoldMask]:
     fixed_sizes = k.fixed()
     if not score.ext.names() <= set(fixed_sizes) or score.ext.evaluate(fixed_sizes) != head:
         raise refuse(mapping, f"the score sums {e} < {score.ext}, not the whole head dimension {head}")
-    if (k.lanes[0].extent, k.lanes[1].extent) != (bm, head):
-        raise refuse(mapping, f"the output tile is {k.lanes[0].extent} x {k.lanes[1].extent}, not {bm} x {head}")
+    if (k.lanes[-2].extent, k.lanes[-1].extent) != (bm, head):
+        raise refuse(mapping, f"the output tile is {k.lanes[-2].extent} x {k.lanes[-1].extent}, not {bm} x {head}")
+    n_pack = pack_lane.extent if pack_lane is not None else 1
     for st, tile, first, seq in ((q_stage, bm, Aff.of(qt, bm), seq_q), (k_stage, bn, key_tile.scale(bn), seq_k),
                                  (v_stage, bn, key_tile.scale(bn), seq_k)):
-        _check_tile(st, tile, first, seq, head, mapping)
+        _check_tile(st, tile, first, seq, head, mapping, n_pack if st is q_stage else 1)
     for cc in k.store.guard:
         if bound_cond(cc, (qt, bm), row) != seq_q:
             raise refuse(mapping, f"store condition {cc} is not the query tail bound {row} + {bm}*{qt} < {seq_q}")
@@ -225,12 +231,12 @@ def match(k: Kernel, mapping: str) -> tuple[AttentionPlan, FoldMask]:
 
     guard_q = bool(k.store.guard) or bool(staged(q_stage.value)[0]) or crosses(seq_q, bm)
     guard_kv = bool(staged(k_stage.value)[0]) or bool(v_guard) or crosses(seq_k, bn)
-    lane_map = {ln.var: ln for ln in k.lanes}
-    rl = lane_map[row]
-    warps = (rl.mapping.count or 1) if rl.mapping and rl.mapping.level == "warp" else 1
+    warps = 1
+    for ln in k.lanes[:-1]:  # the row lanes (with packing: the packed heads and the query rows)
+        warps *= (ln.mapping.count or 1) if ln.mapping and ln.mapping.level == "warp" else 1
     tiles = {qt: (seq_q, bm)}
     for pos, r in enumerate(o_roles):
-        if r not in ("seq", "head"):
+        if r not in ("seq", "head", "pack"):
             tiles[r] = (o_op.dims[pos], 1)
     batch_loops = tuple(g for g in tiles if g != qt)
     if not loop.ext.names() <= set(dict(k.sizes)) | {qt} | set(batch_loops):
@@ -241,14 +247,14 @@ def match(k: Kernel, mapping: str) -> tuple[AttentionPlan, FoldMask]:
     # tile range and the score term may use sizes no operand has
     plan = AttentionPlan(
         kernel_name=k.name, q=q_op, k=k_op, v=v_op, o=o_op,
-        batch=tuple(d for d, r in zip(o_op.dims, o_roles) if r not in ("seq", "head")), seq_q=seq_q, seq_k=seq_k,
+        batch=tuple(d for d, r in zip(o_op.dims, o_roles) if r not in ("seq", "head", "pack")), seq_q=seq_q, seq_k=seq_k,
         head_dim=head, scale=scale,
         fixed=tuple((s, v) for s, v in k.sizes if v is not None) + tuple(splits.items()),
         dynamic=k.dynamic(),
         block_m=bm, block_n=bn, warps=warps, stages=max(k_stage.buf.stages, v_stage.buf.stages),
         mma=score.mma.instr, p_in_registers=p_c.buf.level == "register",
         guard_q=guard_q, guard_kv=guard_kv, grid=grid_axes(k, tiles, splits), swizzle=True, extras=extras,
-        lse=lse_op, state=state_ops,
+        lse=lse_op, state=state_ops, pack=n_pack,
     )
     bdims = tuple((g, tiles[g][0]) for g in batch_loops)
     strided = None if key_tile == Aff.of(loop.var) else key_tile
@@ -283,6 +289,35 @@ def _key_tile(st: Stage, bn: int, var: str, batch_vars: set[str], mapping: str) 
         raise refuse(mapping, f"buffer {st.buf.name}: the key tile {tile} of step {var} is not an increasing "
                      f"function of {var} and the block's batch indices")
     return tile
+
+
+def _pack_lane(k: Kernel, mapping: str):
+    """The kernel's packed-head lane (grouped-query decode: the G query heads of one K / V head
+    in the rows of one tile), or None: the lanes are rows x head dim, or packed heads x rows x
+    head dim with both row lanes on warps and the packed extent fixed."""
+    if len(k.lanes) == 2:
+        return None
+    if len(k.lanes) != 3:
+        raise refuse(mapping, "the output tile must be rows x head-dim lanes (or packed heads x rows x head dim)")
+    pk, rw = k.lanes[0], k.lanes[1]
+    for ln in (pk, rw):
+        if ln.extent is None or ln.mapping is None or ln.mapping.level != "warp":
+            raise refuse(mapping, f"packed rows: lane {ln.var} is not a fixed-extent lane on warps "
+                         f"({ln.mapping or 'unmapped'}); the packed heads and query rows share the warps' rows")
+    return pk
+
+
+def _check_pack_uses(pack: str, mask: tuple[Cond, ...], score: Expr | None, mapping: str) -> None:
+    """The packed head varies inside a tile: a mask or score that reads it (a per-head bias, ALiBi
+    slopes) is not printed by these printers."""
+    for cc in mask:
+        if pack in cc.names():
+            raise refuse(mapping, f"the mask condition {cc} reads the packed head {pack}: not implemented")
+    if score is not None:
+        for x in walk(score):
+            affs = x.idx if isinstance(x, Read) else (x.aff,) if isinstance(x, IndexValue) else ()
+            if any(pack in a.names() for a in affs):
+                raise refuse(mapping, f"the score {show_expr(score)} reads the packed head {pack}: not implemented")
 
 
 def _stat_operand(k: Kernel, m: str, l: str, dl: str, o_roles: tuple[str, ...], mapping: str) -> Operand | None:
@@ -361,14 +396,18 @@ def _guard(conds: tuple[Cond, ...], then: Expr, other: Const) -> Expr:
     return Select(conds, then, other) if conds else then
 
 
-def _roles(idx: tuple[Aff, ...], row: Aff, head: str, batch_vars: set[str], what: str, mapping: str) -> tuple[str, ...]:
+def _roles(idx: tuple[Aff, ...], row: Aff, head: str, batch_vars: set[str], what: str, mapping: str,
+           pack: str | None = None) -> tuple[str, ...]:
     """Per dimension of an index map: 'seq' where it reads the tile rows `row`, 'head' where it
     reads the head-dim index (it must be the innermost dim: TMA boxes and 16-byte rows need
-    stride 1), else the grid loop whose block index it reads; anything else is refused by name."""
+    stride 1), 'pack' where it reads the packed query head `pack` (one dim, once), else the grid
+    loop whose block index it reads; anything else is refused by name."""
     roles = []
     for pos, a in enumerate(idx):
         if a == row:
             roles.append("seq")
+        elif pack is not None and a == Aff.of(pack):
+            roles.append("pack")
         elif a == Aff.of(head):
             roles.append("head")
         elif len(a.terms) == 1 and a.terms[0][1] == 1 and not a.const and a.terms[0][0] in batch_vars:
@@ -376,23 +415,24 @@ def _roles(idx: tuple[Aff, ...], row: Aff, head: str, batch_vars: set[str], what
         else:
             raise refuse(mapping, f"{what}: index {a} at position {pos} of [{', '.join(map(str, idx))}] is neither "
                          f"the tile rows {row}, the head-dim index {head}, nor a block index of the grid")
-    if roles.count("seq") != 1 or roles.count("head") != 1:
-        raise refuse(mapping, f"{what}: index [{', '.join(map(str, idx))}] must read the rows {row} and the "
-                     f"head dim {head} once each")
+    if roles.count("seq") != 1 or roles.count("head") != 1 or (pack is not None and roles.count("pack") != 1):
+        raise refuse(mapping, f"{what}: index [{', '.join(map(str, idx))}] must read the rows {row}"
+                     + (f", the packed head {pack}" if pack is not None else "") + f" and the head dim {head} once each")
     if roles[-1] != "head":
         raise refuse(mapping, f"{what}: the head-dim index {head} is at position {roles.index('head')} of "
                      f"[{', '.join(map(str, idx))}], not innermost (stride 1, which TMA boxes and 16-byte rows need)")
     return tuple(roles)
 
 
-def _operand(k: Kernel, st: Stage, first: Aff, batch_vars: set[str], mapping: str) -> Operand:
-    """The staged tensor's operand; `first` the tile's first row (rows first + r)."""
+def _operand(k: Kernel, st: Stage, first: Aff, batch_vars: set[str], mapping: str, packed: bool = False) -> Operand:
+    """The staged tensor's operand; `first` the tile's first row (rows first + r); packed: the
+    buffer is packed heads x rows x head dim (Q of a grouped-query decode)."""
     read = staged(st.value)[1]
-    if len(st.buf.dims) != 2:
-        raise refuse(mapping, f"buffer {st.buf.name} is not a rows x head-dim tile")
-    (r, _), (e, _) = st.buf.dims
+    if len(st.buf.dims) != 2 + packed:
+        raise refuse(mapping, f"buffer {st.buf.name} is not a {'packed heads x ' if packed else ''}rows x head-dim tile")
+    (r, _), (e, _) = st.buf.dims[-2:]
     roles = _roles(read.idx, first + Aff.of(r), e, batch_vars,
-                   f"buffer {st.buf.name} reading {read.tensor}", mapping)
+                   f"buffer {st.buf.name} reading {read.tensor}", mapping, st.buf.dims[0][0] if packed else None)
     return replace(operand(k, read.tensor, st.buf.level, mapping), roles=roles)
 
 
@@ -400,11 +440,13 @@ def _seq(op: Operand) -> str:
     return op.dims[op.roles.index("seq")]
 
 
-def _check_tile(st: Stage, tile: int, first: Aff, seq: str, head: int, mapping: str) -> None:
+def _check_tile(st: Stage, tile: int, first: Aff, seq: str, head: int, mapping: str, pack: int = 1) -> None:
     conds, read = staged(st.value)
-    (r, rows), (e, cols) = st.buf.dims
-    if rows != tile or cols != head:
-        raise refuse(mapping, f"buffer {st.buf.name} is {rows} x {cols}, expected {tile} x {head}")
+    (r, rows), (e, cols) = st.buf.dims[-2:]
+    heads = st.buf.dims[0][1] if len(st.buf.dims) == 3 else 1
+    if rows != tile or cols != head or heads != pack:
+        raise refuse(mapping, f"buffer {st.buf.name} is {' x '.join(str(n) for _, n in st.buf.dims)}, expected "
+                     + (f"{pack} x " if pack > 1 else "") + f"{tile} x {head}")
     for cc in conds:
         if bound_cond(cc, first, r) != seq:
             raise refuse(mapping, f"buffer {st.buf.name}'s condition {cc} is not the row bound < {seq}")
@@ -523,6 +565,8 @@ def _print(k: Kernel, options: tuple[str, ...], instr: str) -> Printed:
     if wgmma and (plan.state is not None or mask.key_tile is not None):
         raise refuse(name, "SPLIT-KV's partial fold (strided key tiles, the state m, l stored) is printed on "
                      "mma.sync only")
+    if wgmma and plan.pack > 1:
+        raise refuse(name, f"packed rows ({plan.pack} query heads per tile) are printed on mma.sync only")
     if mask.key_tile is not None and any(isinstance(c, Or) for c in mask.conds):
         raise refuse(name, f"a disjunctive mask over the strided key tiles {mask.key_tile} is not implemented")
     try:

@@ -136,6 +136,15 @@ class AttentionPlan:
     # (natural units) and running sum l beside it, f32, O's layout without the head dim
     # (m first, then l: the kernel IR's order); None: O = acc / l
     state: Optional[tuple[Operand, Operand]] = None
+    # packed rows (grouped-query decode): the mma tile's rows are `pack` query heads of one K / V
+    # head times block_m query rows each, row pack_index * block_m + r; the operands Q, O (and the
+    # state / statistic) read the head at the dim whose role is 'pack'; 1: one head per block
+    pack: int = 1
+
+
+def tile_rows(plan: AttentionPlan) -> int:
+    """Rows of an attention block's tile: its query rows times the packed heads."""
+    return plan.block_m * plan.pack
 
 
 Plan = Union[ContractionPlan, AttentionPlan]
@@ -226,8 +235,12 @@ def check_plan(plan: Plan) -> None:
                 raise ValueError(f"operand {op.name}: roles {roles} must name one seq dim and the head dim last")
             if op.dims[roles.index("seq")] != seq:
                 raise ValueError(f"operand {op.name}: sequence dim must be {seq!r}")
-            if op.roles and any(r not in ("seq", "head") and r not in grid_loops for r in roles):
+            if op.roles and any(r not in ("seq", "head", "pack") and r not in grid_loops for r in roles):
                 raise ValueError(f"operand {op.name}: roles {roles} name a loop that is not on the grid")
+            if roles.count("pack") > (0 if op in (plan.k, plan.v) else 1) or (plan.pack > 1 and op in (plan.q, plan.o)
+                                                                               and "pack" not in roles):
+                raise ValueError(f"operand {op.name}: roles {roles}: the plan packs {plan.pack} query heads per "
+                                 "tile; Q and O read the packed head at one dim, K and V never")
             if not op.roles and op.dims[:-2] != plan.batch:
                 raise ValueError(f"operand {op.name}: dims {op.dims} must be batch + (seq, head_dim)")
         hd = {op.dims[-1] for op in (plan.q, plan.k, plan.v, plan.o)}

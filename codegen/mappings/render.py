@@ -13,7 +13,7 @@ from codegen.mappings import launch
 from codegen.mappings.ctx_common import (DEFAULT_OPTIONS, Sizes, attn_addressing, contraction_grid_ctx, ident,
                                 params, source, tile_index, with_roles)
 from codegen.mappings.epilogue import lambdas
-from codegen.mappings.plan import AttentionPlan, ContractionPlan, check_plan, layout, threads
+from codegen.mappings.plan import AttentionPlan, ContractionPlan, check_plan, layout, threads, tile_rows
 from codegen.source import KernelSource
 
 
@@ -135,12 +135,14 @@ def _attention_ctx(p: AttentionPlan, mask: dict) -> dict:
         raise ValueError(f"q level {p.q.level!r}: tensor-core path stages q in shared memory")
     if not ctx["kv_shared"]:
         raise ValueError("tensor-core attention path needs k / v level 'shared'")
-    rows_w = p.block_m // p.warps
-    if rows_w * p.warps != p.block_m or rows_w % 16 or p.block_n % 16:
-        raise ValueError(f"block_m/warps = {p.block_m}/{p.warps} and block_n {p.block_n} "
+    rows = tile_rows(p)
+    rows_w = rows // p.warps
+    if rows_w * p.warps != rows or rows_w % 16 or p.block_n % 16:
+        raise ValueError(f"tile rows/warps = {rows}/{p.warps} and block_n {p.block_n} "
                          "must be multiples of 16")
-    ctx.update(ROWS_W=rows_w, MI=rows_w // 16, KD=d // 16, NT=p.block_n // 8,
+    ctx.update(ROWS=rows, ROWS_W=rows_w, MI=rows_w // 16, KD=d // 16, NT=p.block_n // 8,
                KT2=p.block_n // 16, DT=d // 8)
+    ctx.update(_packed_rows(p, rows_w))
     ctx["q_staged"] = True
     lay = launch.smem_layout(p)
     ctx.update(smem_bytes=lay["total"], k_smem_off=lay.get("k", 0), v_smem_off=lay.get("v", 0),
@@ -154,6 +156,31 @@ def _attention_ctx(p: AttentionPlan, mask: dict) -> dict:
                       f"stages {p.stages}, q:{p.q.level} kv:{p.k.level}, mask {mask['has_mask']}, "
                       f"P in registers {p.p_in_registers}, swizzle {p.swizzle}")
     return ctx | {"_arg_names": arg_names}
+
+
+def _packed_rows(p: AttentionPlan, rows_w: int) -> dict:
+    """Template entries addressing the tile's rows.  Unpacked, local row r is query row q0 + r.
+    Packed (p.pack heads of one K / V head, p.block_m query rows each), local row r is query head
+    r / BM of the group and query row q0 + r % BM: row_off(r, ld, ldp) the element offset of row r in
+    an operand's block view (row stride ld, head stride ldp), row_ok(r, lim) its tail bound, qrow(r) its query row; w_lo / w_hi the
+    query rows of a warp's rows (for the mask's warp-level tests)."""
+    bm = p.block_m
+    if p.pack == 1:
+        return dict(pack=1)
+    if rows_w % bm == 0:
+        lo = "q0"
+    elif bm % rows_w == 0:
+        lo = f"(q0 + (warp * {rows_w}) % {bm})"
+    else:
+        raise ValueError(f"packed rows: a warp's {rows_w} rows neither cover whole heads of {bm} query rows "
+                         "nor lie within one")
+    hi = f"q0 + {bm - 1}" if rows_w % bm == 0 else f"{lo} + {rows_w - 1}"
+
+    def row_off(r: str, ld: str, ldp: str) -> str:  # row r of an operand with row stride ld, head stride ldp
+        return f"((long long)(({r}) / {bm}) * ({ldp}) + (long long)(({r}) % {bm}) * ({ld}))"
+
+    return dict(pack=p.pack, row_off=row_off, row_ok=lambda r, lim: f"(({r}) % {bm} < ({lim}))",
+                qrow=lambda r: f"(q0 + ({r}) % {bm})", w_lo=lo, w_hi=hi)
 
 
 def render_contraction(plan: ContractionPlan, options: tuple[str, ...] = DEFAULT_OPTIONS) -> KernelSource:

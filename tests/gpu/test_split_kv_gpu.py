@@ -172,7 +172,7 @@ def bench(shapes=SHAPES, iters: int = 50) -> None:
             gbs = 2 * b * h * nk * 128 * 2 / (ours * 1e-3) / 1e9
             print(f"{b:>3} {h:>3} {nk:>6} {sp:>3} {st:>2}  {ours:>9.3f}  {sdpa:>8.3f}  {sdpa / ours:>6.2f}  {gbs:>8.0f}")
     gqa = load_decode(GQA)
-    for b, nk in ((1, 32768), (4, 32768)):  # 32 query / 8 K-V heads; SDPA on the repeated K / V
+    for b, nk in ((1, 32768), (4, 32768), (8, 4096)):  # 32 query / 8 K-V heads (packed rows: tests/gpu/test_gqa_decode_gpu.py)
         q = torch.randn(b, 32, 1, 128, device="cuda").half()
         k = torch.randn(b, 8, nk, 128, device="cuda").half()
         v = torch.randn(b, 8, nk, 128, device="cuda").half()
