@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Callable, Mapping
 
-from compiler.ir import UNARY_FUNCTIONS, Aff, Bin, Cond, Const, Expr, Ext, IndexValue, Or, Read, Un
+from compiler.ir import UNARY_FUNCTIONS, Aff, Bin, Cond, Const, DataCond, DataRead, Expr, Ext, IndexValue, Or, Read, Un
 
 
 def aff_c(a: Aff, names: Mapping[str, str]) -> str:
@@ -24,7 +24,37 @@ def aff_c(a: Aff, names: Mapping[str, str]) -> str:
     return f"({text})"
 
 
-def cond_c(c: Cond | Or, names: Mapping[str, str]) -> str:
+def data_pointer(tensor: str) -> str:
+    """The kernel argument of an integer input (every mapping declares `const i32_t* p_<T>`)."""
+    return f"p_{tensor}"
+
+
+def data_read_c(r: DataRead, names: Mapping[str, str]) -> tuple[str, str]:
+    """(the read is inside the tensor, the value as long long): row-major over the tensor's dims."""
+    offset, inside = "", []
+    for a, dim in zip(r.idx, r.dims):
+        i, n = aff_c(a, names), aff_c(dim, names)
+        inside.append(f"0 <= {i} && {i} < {n}")
+        offset = i if not offset else f"({offset} * {n} + {i})"
+    return " && ".join(inside) or "true", f"(long long){data_pointer(r.tensor)}[{offset or 0}]"
+
+
+def data_cond_c(c: DataCond, names: Mapping[str, str]) -> str:
+    """A comparison of integer data: false where a read leaves its tensor (the interpreters' NaN)."""
+    guards, sides = [], []
+    for s in (c.lhs, c.rhs):
+        if isinstance(s, DataRead):
+            inside, value = data_read_c(s, names)
+            guards.append(inside)
+            sides.append(value)
+        else:
+            sides.append(f"(long long){aff_c(s, names)}")
+    return f"({' && '.join(guards)} && {sides[0]} {c.op} {sides[1]})"
+
+
+def cond_c(c: Cond | Or | DataCond, names: Mapping[str, str]) -> str:
+    if isinstance(c, DataCond):
+        return data_cond_c(c, names)
     if isinstance(c, Or):
         return "(" + " || ".join(cond_c(p, names) for p in c.parts) + ")"
     return f"({aff_c(c.lhs, names)} {c.op} {aff_c(c.rhs, names)})"
