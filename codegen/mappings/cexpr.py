@@ -24,9 +24,15 @@ def aff_c(a: Aff, names: Mapping[str, str]) -> str:
     return f"({text})"
 
 
-def data_pointer(tensor: str) -> str:
-    """The kernel argument of an integer input (every mapping declares `const i32_t* p_<T>`)."""
-    return f"p_{tensor}"
+def data_pointer(tensor: str, names: Mapping[str, str]) -> str:
+    """The kernel argument of an integer input: `names["*T"]` where a mapping names its pointers
+    itself (the fold mappings' p_x<n>), else `p_T` (the row and SIMT mappings)."""
+    return names.get("*" + tensor, f"p_{tensor}")
+
+
+def data_pointer_names(pointers: Mapping[str, str]) -> dict[str, str]:
+    """The entries of a `names` map that give integer inputs their kernel arguments."""
+    return {"*" + t: p for t, p in pointers.items()}
 
 
 def data_read_c(r: DataRead, names: Mapping[str, str]) -> tuple[str, str]:
@@ -36,7 +42,7 @@ def data_read_c(r: DataRead, names: Mapping[str, str]) -> tuple[str, str]:
         i, n = aff_c(a, names), aff_c(dim, names)
         inside.append(f"0 <= {i} && {i} < {n}")
         offset = i if not offset else f"({offset} * {n} + {i})"
-    return " && ".join(inside) or "true", f"(long long){data_pointer(r.tensor)}[{offset or 0}]"
+    return " && ".join(inside) or "true", f"(long long){data_pointer(r.tensor, names)}[{offset or 0}]"
 
 
 def data_cond_c(c: DataCond, names: Mapping[str, str]) -> str:
@@ -116,6 +122,8 @@ def box_extremes(c: Cond | Or, box: Mapping[str, tuple[str, str]], names: Mappin
     lhs < rhs (or <=) is affine, so its slack rhs - lhs is least and greatest at corners: each
     boxed variable sits at the end its coefficient's sign picks.
     """
+    if isinstance(c, DataCond):  # data: it may hold or not anywhere in the box (masked per element)
+        return "false", "false"
     if isinstance(c, Or):
         ends = [box_extremes(p, box, names) for p in c.parts]
         return "(" + " || ".join(e for e, _ in ends) + ")", "(" + " && ".join(n for _, n in ends) + ")"
@@ -207,6 +215,8 @@ def first_tile_c(conds: tuple[Cond, ...], var: str, box: Mapping[str, tuple[str,
     """
     starts = []
     for c in conds:
+        if isinstance(c, DataCond):  # a comparison of data bounds no tile
+            continue
         if isinstance(c, Or):  # the union of the parts' ranges: the least of their starts
             parts = [_or_part_start(p, var, box, names) for p in c.parts]
             if all(parts):
@@ -271,6 +281,8 @@ def end_tile_c(conds: tuple[Cond | Or, ...], var: str, box: Mapping[str, tuple[s
     in the box, tile 0 where it holds nowhere)."""
     ends = []
     for c in conds:
+        if isinstance(c, DataCond):
+            continue
         if isinstance(c, Or):
             parts = [_or_part_end(p, var, box, names) for p in c.parts]
             if all(parts):
