@@ -204,7 +204,8 @@ macro "derivc_red" : tactic => `(tactic| (try simp only [sel, div, onlineStepW])
 
 /-- guards as arithmetic facts for omega -/
 macro "derivc_facts" : tactic =>
-  `(tactic| (try simp only [Nat.blt_eq, Nat.ble_eq, Bool.and_eq_true, ← Bool.not_eq_true] at *))
+  `(tactic| (try simp only [Nat.blt_eq, Nat.ble_eq, Bool.and_eq_true, ← Bool.not_eq_true,
+    zltb, zleb, zeqb, decide_eq_true_eq] at *))
 
 /-- case on a guard (an if on an index comparison) -/
 macro "derivc_split" : tactic => `(tactic| (split <;> derivc_facts))

@@ -14,7 +14,7 @@
      containing the other operand: a maxTo over a range,
      a running max max(m_old, maxTo ..), or the final running max of a fold (`ele_foldN`).
    Nothing here is assumed: every lemma is proved from the KAlg fields. *)
-From Coq Require Import Arith Lia Bool Ring.
+From Coq Require Import Arith Lia Bool Ring ZArith.
 Require Import Derivc.Algebra Derivc.Sum Derivc.Rules.Fuse Derivc.Rules.Tile
   Derivc.Rules.MapMma Derivc.Rules.SplitSoftmax Derivc.Rules.OnlineAgg.
 
@@ -175,12 +175,16 @@ Ltac derivc_destruct_conj :=
 (* beta/zeta/iota and the exporter's small definitions *)
 Ltac derivc_red := cbv beta iota zeta delta [sel andb orb negb div onlineStepW].
 
-(* case on a closed guard (a bool index comparison that mentions no binder) *)
+(* case on a closed guard (a bool index comparison that mentions no binder); Z.ltb / Z.leb /
+   Z.eqb compare integer data (an i32 input read in a condition) *)
 Ltac derivc_split :=
   match goal with
   | |- context [Nat.ltb ?a ?b] => destruct (Nat.ltb_spec a b)
   | |- context [Nat.leb ?a ?b] => destruct (Nat.leb_spec a b)
   | |- context [Nat.eqb ?a ?b] => destruct (Nat.eqb_spec a b)
+  | |- context [Z.ltb ?a ?b] => destruct (Z.ltb_spec a b)
+  | |- context [Z.leb ?a ?b] => destruct (Z.leb_spec a b)
+  | |- context [Z.eqb ?a ?b] => destruct (Z.eqb_spec a b)
   end.
 
 (* masked iterations of a fold leave the online-aggregation state unchanged *)
