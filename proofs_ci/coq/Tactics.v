@@ -175,13 +175,20 @@ Ltac derivc_destruct_conj :=
 (* beta/zeta/iota and the exporter's small definitions *)
 Ltac derivc_red := cbv beta iota zeta delta [sel andb orb negb div onlineStepW].
 
-(* case on a closed guard (a bool index comparison that mentions no binder); Z.ltb / Z.leb /
-   Z.eqb compare integer data (an i32 input read in a condition) *)
+(* case on a closed guard (a bool index comparison that mentions no binder) *)
 Ltac derivc_split :=
   match goal with
   | |- context [Nat.ltb ?a ?b] => destruct (Nat.ltb_spec a b)
   | |- context [Nat.leb ?a ?b] => destruct (Nat.leb_spec a b)
   | |- context [Nat.eqb ?a ?b] => destruct (Nat.eqb_spec a b)
+  end.
+
+(* case on a comparison of integer data (an i32 input read in a condition).  Tried after the index
+   cases and after congruence: its facts relate opaque reads (t_Doc b i = t_Doc b j), which lia
+   cannot connect to the same read at an index spelt differently (128 * jo + ji, ji + 128 * jo),
+   so two sides that differ only there are closed by congruence on the read's indices instead *)
+Ltac derivc_zsplit :=
+  match goal with
   | |- context [Z.ltb ?a ?b] => destruct (Z.ltb_spec a b)
   | |- context [Z.leb ?a ?b] => destruct (Z.leb_spec a b)
   | |- context [Z.eqb ?a ?b] => destruct (Z.eqb_spec a b)
@@ -234,6 +241,10 @@ Ltac derivc_congr :=
       | derivc_congr
       | intros ? ? ?; derivc_congr ] ]
   | match goal with |- ?f ?a = ?g ?b => apply (app_cong f g a b); derivc_congr end
+  (* two guards on data that agree by congruence (the same reads at indices lia equates): one case *)
+  | match goal with |- (if ?c then _ else _) = (if ?c' then _ else _) =>
+      let E := fresh "E" in assert (E : c = c') by derivc_congr; rewrite E; destruct c'; derivc_congr end
+  | derivc_zsplit; derivc_red; first [ exfalso; lia | derivc_congr ]
   | derivc_ring ].
 
 (* a proposition over index arithmetic: bounds, guards, store-index equalities *)
@@ -242,7 +253,7 @@ Ltac derivc_props :=
 
 (* ---------------------------------------------------------- -inf is only where it may be *)
 
-Ltac derivc_cases := repeat (derivc_split; derivc_red; try (exfalso; lia)).
+Ltac derivc_cases := repeat (first [ derivc_split | derivc_zsplit ]; derivc_red; try (exfalso; lia)).
 Ltac derivc_fin_close := intros; first [ reflexivity | discriminate | exfalso; lia ].
 
 (* goal: `M = NInf -> P` where M is an (inlined) max over a range and P is `g k = false` or
