@@ -227,7 +227,7 @@ Ltac derivc_zhyps :=
   | H : Z.ltb _ _ = true |- _ => apply Z.ltb_lt in H
   | H : Z.ltb _ _ = false |- _ => apply Z.ltb_ge in H
   end.
-Ltac derivc_absurd := exfalso; first [ lia | derivc_zhyps; derivc_zunify; lia ].
+Ltac derivc_absurd := exfalso; first [ lia | derivc_zunify; lia ].
 
 (* masked iterations of a fold leave the online-aggregation state unchanged *)
 Ltac derivc_kill_masked :=
@@ -407,7 +407,8 @@ Ltac derivc_ele :=
 
 (* goal: a <> NInf for the score of an exp site, under the site's select conditions *)
 Ltac derivc_not_ninf :=
-  derivc_red; repeat (first [ derivc_split | derivc_zsplit ]; derivc_red; try derivc_absurd);
+  derivc_red; repeat (first [ derivc_split | derivc_zsplit ]; derivc_red;
+                      try (exfalso; first [ lia | derivc_zhyps; derivc_zunify; lia ]));
   let E := fresh "E" in intro E; discriminate E.
 
 (* goal: a safety obligation `... -> let .. in expd_safe a m` (exp site) or `rescale_safe m m'`
