@@ -239,6 +239,9 @@ def test_the_export_compares_integers(tmp_path):
 @pytest.mark.skipif(shutil.which("coqc") is None, reason="coqc not installed")
 @pytest.mark.parametrize("which", ["gather", "document"])
 def test_coqc_checks_the_obligations(which, tmp_path):
+    """The gather's fuse_let / parallel steps and the document mask's split_softmax, fuse, assoc
+    and tiles (data guards compared through reads at indices spelt differently), and each
+    final program's safety obligation (exp sites under data guards)."""
     if which == "gather":
         text = GATHER + "check_sizes: {R: 3, C: 5}\nschedule:\n" + "".join(
             f"  - {step}\n" for step in ("{rule: fuse_let, producer: L, def: loss}",
@@ -249,10 +252,7 @@ def test_coqc_checks_the_obligations(which, tmp_path):
             f"  - {step}\n" for step in ("{rule: split_softmax, def: P}", "{rule: fuse, producer: P}",
                                          "{rule: assoc, def: O, index: j}",
                                          "{rule: tile, def: O, index: j, size: 4}",
-                                         "{rule: tile, def: L, index: j_, size: 4, outer: jo_l, inner: ji_l}",
-                                         "{rule: online_agg, def: O, index: jo}",
-                                         "{rule: tile, def: O, index: i, size: 4}",
-                                         "{rule: skip_masked, def: O, index: jo}"))
+                                         "{rule: tile, def: L, index: j_, size: 4, outer: jo_l, inner: ji_l}"))
     path = tmp_path / f"{which}.yaml"
     path.write_text(text)
     run = subprocess.run([sys.executable, "-m", "compiler", "--plain", "build", str(path), "-o", str(tmp_path / "o"),
@@ -288,7 +288,7 @@ def ce_kernel():
 
 @pytest.fixture(scope="module")
 def attention_kernels():
-    return {instr: _printed(EXAMPLES / name) for instr, name in
+    return {instr: _printed(EXAMPLES / "pending" / name) for instr, name in
             (("wgmma", "attention_document_mask.yaml"), ("mma_sync", "attention_document_mask_mma.yaml"))}
 
 

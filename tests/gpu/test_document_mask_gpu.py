@@ -1,5 +1,5 @@
 """Document masking on the H200 against torch float64: causal attention within documents,
-j <= i && Doc[b, i] == Doc[b, j] with Doc an i32 input (examples/attention_document_mask.yaml on
+j <= i && Doc[b, i] == Doc[b, j] with Doc an i32 input (examples/pending/attention_document_mask.yaml on
 wgmma, d128; attention_document_mask_mma.yaml on mma.sync, d64), at odd lengths (1, 77, 333,
 1000, 4096), over document layouts: every document one token, one document, distinct ids (no
 two tokens share a document, unsorted), random runs (1 to 4 tokens) and random lengths averaging
@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
-EX = Path(__file__).resolve().parents[2] / "examples"
+EX = Path(__file__).resolve().parents[2] / "examples" / "pending"  # parked: see the files
 LENGTHS = (1, 77, 333, 1000, 4096)
 LAYOUTS = ("length_1", "one_document", "distinct_ids", "runs", "long_documents")
 EXAMPLES = {"wgmma": ("attention_document_mask", 128), "mma_sync": ("attention_document_mask_mma", 64)}
