@@ -168,6 +168,8 @@ def check_kernel_text(printed: Printed, program: Program, sizes: dict[str, int],
 
 def _run_draw(printed: Printed, program: Program, draw: Draw, vs: dict[str, int], draw_seed: int,
               forced: int | None, runner: Runner) -> dict[str, Any]:
+    from compiler.int_inputs import int_input
+
     from .emu import EmuError, VariantUnavailable, from_storage, to_storage
 
     rng = np.random.default_rng(draw_seed)
@@ -175,6 +177,9 @@ def _run_draw(printed: Printed, program: Program, draw: Draw, vs: dict[str, int]
     for name, t in program.inputs:
         shape = tuple(a.evaluate(vs) for a in t.dims)
         # the inputs' values once rounded to their dtype: what the kernel reads, in float64
+        if t.dtype == "i32":  # data of conditions (targets, document ids): drawn for their use
+            exact[name] = int_input(program, name, shape, vs, rng)
+            continue
         exact[name] = from_storage(to_storage(rng.standard_normal(shape) * draw.scale, t.dtype),
                                    t.dtype).astype(np.float64)
     if any(d.computed_by for d in program.defs):  # written by another step, stored in its dtype

@@ -32,12 +32,22 @@ def _shape(t: Any, sizes: dict[str, int]) -> tuple[int, ...]:
     return tuple(a.evaluate(sizes) for a in t.dims)
 
 
+def _int_values(program: Any, name: str, sizes: dict[str, int], seed: int) -> np.ndarray:
+    from compiler.int_inputs import int_input
+
+    rng = np.random.default_rng(seed)
+    return int_input(program, name, _shape(program.tensor_type(name), sizes), sizes, rng).astype(np.int32)
+
+
 def random_inputs_torch(program: Any, sizes: dict[str, int], seed: int, scale: float = 1.0) -> dict[str, Any]:
     import torch
 
     g = torch.Generator(device="cuda").manual_seed(seed)
     out = {}
     for name, t in program.inputs:
+        if t.dtype == "i32":  # targets / document ids, drawn for their use (compiler/int_inputs.py)
+            out[name] = torch.from_numpy(_int_values(program, name, sizes, seed)).to("cuda")
+            continue
         x = torch.randn(_shape(t, sizes), generator=g, device="cuda", dtype=torch.float32) * scale
         out[name] = x.to(getattr(torch, DTYPES[t.dtype].torch))
     return out
@@ -50,6 +60,9 @@ def random_inputs_cupy(program: Any, sizes: dict[str, int], seed: int, scale: fl
     rng = cupy.random.default_rng(seed)
     out = {}
     for name, t in program.inputs:
+        if t.dtype == "i32":
+            out[name] = cupy.asarray(_int_values(program, name, sizes, seed))
+            continue
         dt = DTYPES[t.dtype].numpy
         if dt is None:
             raise ValueError(f"{name}: dtype {t.dtype} has no CuPy array type")

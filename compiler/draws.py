@@ -32,6 +32,7 @@ import numpy as np
 from .ir import (
     Aff, Bin, Cond, Const, Def, Expr, Loop, Program, Reduce, Select, Softmax, TensorType, Un, free_indices,
 )
+from .int_inputs import int_input
 from .interp import run_def, run_program, shape_of
 
 STREAM = 2**32  # draw n of a step uses seed + n·STREAM
@@ -52,7 +53,10 @@ class Draw:
     def inputs(self, prog: Program) -> dict[str, np.ndarray]:
         rng = np.random.default_rng(self.seed)
         out = {}
-        for name, _ in prog.inputs:
+        for name, t in prog.inputs:
+            if t.dtype == "i32":  # data of conditions: never scaled
+                out[name] = int_input(prog, name, shape_of(prog, name, self.sizes), self.sizes, rng)
+                continue
             x = rng.standard_normal(shape_of(prog, name, self.sizes))
             if self.ramp and x.size:
                 x = x * (1.0 + RAMP * np.arange(x.size).reshape(x.shape) / x.size)
@@ -159,10 +163,13 @@ def _probe_defs(prog: Program, scores: bool) -> list[Def]:
 
 def empty_rows(prog: Program, sizes: Mapping[str, int]) -> int:
     """Rows of a softmax or guarded reduction of `prog` (IR₀) with no live element at `sizes`,
-    counted over the indices its mask reads (a causal row 0 counts once, whatever the heads)."""
+    counted over the indices its mask reads (a causal row 0 counts once, whatever the heads);
+    a mask on integer data is counted on one draw of it (seed 0)."""
     count = 0
+    rng = np.random.default_rng(0)  # a mask on integer data: counted on one draw of that data
+    data = {n: int_input(prog, n, shape_of(prog, n, sizes), sizes, rng) for n, t in prog.inputs if t.dtype == "i32"}
     for probe in _probe_defs(prog, scores=False):
-        values = run_def(probe, sizes, {})
+        values = run_def(probe, sizes, data)
         if values.size:
             count += int(np.sum(np.all(np.isnan(values), axis=-1)))
     return count

@@ -26,7 +26,7 @@ from typing import Mapping
 import numpy as np
 
 from .ir import (
-    Aff, Bin, Binding, Cond, Const, Def, Or, Expr, Ext, Fold, IndexValue, Let, Program, Read, Reduce, also_def,
+    Aff, Bin, Binding, Cond, Const, DataCond, DataRead, Def, Or, Expr, Ext, Fold, IndexValue, Let, Program, Read, Reduce, also_def,
     Select, Softmax, Un,
 )
 from .interp_matmul import _matmul_sum, _nonfinite_sum, guarded_product, operand_keeps
@@ -117,8 +117,12 @@ class _Env:
             out = out & self.atom_or(c)
         return out
 
-    def atom_or(self, c: Cond | Or) -> np.ndarray:
-        """One conjunct: a comparison, or a disjunction of comparisons (any holds)."""
+    def atom_or(self, c: Cond | Or | DataCond) -> np.ndarray:
+        """One conjunct: a comparison, or a disjunction of comparisons (any holds), or a
+        comparison of integer data (false where a read leaves its tensor: NaN compares false)."""
+        if isinstance(c, DataCond):
+            lhs, rhs = self.side(c.lhs), self.side(c.rhs)
+            return (lhs < rhs) if c.op == "<" else (lhs <= rhs) if c.op == "<=" else (lhs == rhs)
         if isinstance(c, Or):
             out = self.atom_or(c.parts[0])
             for p in c.parts[1:]:
@@ -126,6 +130,13 @@ class _Env:
             return out
         lhs, rhs = self.aff(c.lhs), self.aff(c.rhs)
         return (lhs < rhs) if c.op == "<" else (lhs <= rhs)
+
+    def side(self, s: Aff | DataRead) -> np.ndarray:
+        if isinstance(s, Aff):
+            return self.aff(s).astype(np.float64)
+        if s.tensor not in self.globals:
+            raise InterpError(f"unknown integer tensor {s.tensor}")
+        return _gather_read(self, _Buffer(self.globals[s.tensor], 0), s.idx)
 
     def lookup(self, name: str) -> _Buffer:
         for n, buf in reversed(self.locals):
@@ -532,7 +543,10 @@ def run_program(
 def random_inputs(
     p: Program, sizes: Mapping[str, int], rng: np.random.Generator
 ) -> dict[str, np.ndarray]:
-    return {n: rng.standard_normal(shape_of(p, n, sizes)) for n, _ in p.inputs}
+    from .int_inputs import int_input
+
+    return {n: int_input(p, n, shape_of(p, n, sizes), sizes, rng) if t.dtype == "i32"
+            else rng.standard_normal(shape_of(p, n, sizes)) for n, t in p.inputs}
 
 
 def rel_error(out: np.ndarray, ref: np.ndarray) -> float:

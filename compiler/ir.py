@@ -18,7 +18,7 @@ import hashlib
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator, Union
 
-from .ir_index import Aff, Cond, Ext, Guard, Or  # noqa: F401 - the index language, part of the IR's names
+from .ir_index import Aff, Cond, DataCond, DataRead, Ext, Guard, Or  # noqa: F401 - the index language, part of the IR's names
 
 # --------------------------------------------------------------------------- schedule facts
 
@@ -417,7 +417,12 @@ def free_indices(e: Expr) -> frozenset[str]:
 
 
 def tensors_read(e: Expr) -> frozenset[str]:
-    return frozenset(x.tensor for x in walk(e) if isinstance(x, Read))
+    """The tensors e reads: as values, and as data of its conditions (integer inputs)."""
+    out = {x.tensor for x in walk(e) if isinstance(x, Read)}
+    for x in walk(e):
+        conds = x.conds if isinstance(x, Select) else x.mask if isinstance(x, Softmax) else ()
+        out |= {r.tensor for c in conds if isinstance(c, DataCond) for r in c.reads()}
+    return frozenset(out)
 
 
 def subst_index(e: Expr, name: str, value: Aff) -> Expr:

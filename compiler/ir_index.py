@@ -170,4 +170,59 @@ class Or:
         return "(" + " || ".join(map(str, self.parts)) + ")"
 
 
-Guard = Union[Cond, Or]
+@dataclass(frozen=True)
+class DataRead:
+    """A read of an integer input tensor (dtype i32) at affine indices: an integer value that a
+    condition compares (`Doc[b, i] == Doc[b, j]`, the gather's `c == T[r]`).  Integer tensors
+    are read only here, never as a float value."""
+
+    tensor: str
+    idx: tuple[Aff, ...]
+    dims: tuple[Aff, ...]  # the tensor's shape (sizes): printers address and bound-check the read with it
+
+    def names(self) -> frozenset[str]:
+        return frozenset().union(*(a.names() for a in self.idx))
+
+    def subst(self, name: str, value: Aff) -> "DataRead":
+        return DataRead(self.tensor, tuple(a.subst(name, value) for a in self.idx), self.dims)
+
+    def __str__(self) -> str:
+        return f"{self.tensor}[{', '.join(map(str, self.idx))}]"
+
+
+Side = Union[Aff, DataRead]
+
+
+@dataclass(frozen=True)
+class DataCond:
+    """A comparison on integer tensor data, one conjunct of a guard: lhs op rhs with op one of
+    <, <=, ==, each side an affine expression or a read of an integer input, at least one a
+    read.  False when a read leaves its tensor (an out-of-range element compares false).
+
+    Passes that need a half-space of the indices (a tile bound, a staging fill) take Cond only
+    and refuse a DataCond by name, as they refuse an Or."""
+
+    lhs: Side
+    op: str
+    rhs: Side
+
+    def __post_init__(self) -> None:
+        if self.op not in ("<", "<=", "=="):
+            raise ValueError(f"bad comparison {self.op}")
+        if not (isinstance(self.lhs, DataRead) or isinstance(self.rhs, DataRead)):
+            raise ValueError("a data comparison reads an integer tensor on one side at least")
+
+    def names(self) -> frozenset[str]:
+        return self.lhs.names() | self.rhs.names()
+
+    def reads(self) -> tuple[DataRead, ...]:
+        return tuple(s for s in (self.lhs, self.rhs) if isinstance(s, DataRead))
+
+    def subst(self, name: str, value: Aff) -> "DataCond":
+        return DataCond(self.lhs.subst(name, value), self.op, self.rhs.subst(name, value))
+
+    def __str__(self) -> str:
+        return f"{self.lhs} {self.op} {self.rhs}"
+
+
+Guard = Union[Cond, Or, DataCond]

@@ -8,14 +8,14 @@ from __future__ import annotations
 from .errors import SpecError, did_you_mean
 from .names import name_problem
 from .ir import (
-    Or, Aff, Bin, Cond, Const, Def, Expr, Ext, IndexValue, Loop, Program, Read, Reduce, Select, Softmax,
-    TensorType, Un,
+    Or, Aff, Bin, Cond, Const, DataCond, DataRead, Def, Expr, Ext, IndexValue, Loop, Program, Read, Reduce,
+    Select, Softmax, TensorType, Un, fresh,
 )
 from .parse import (
-    PAff, PBin, PCall, PCond, POr, PExpr, PName, PNum, PRead, PReduce, PStatement, PWhere,
+    PAff, PBin, PCall, PCond, PIntRead, POr, PExpr, PName, PNum, PRead, PReduce, PStatement, PWhere,
     ParseError, parse_statement,
 )
-from .spec import SpecFile, param_value
+from .spec import INT_DTYPES, SpecFile, param_value
 
 
 # Points of the largest loop nest × reduction of IR₀ that a numeric check may evaluate.
@@ -81,8 +81,8 @@ class _Lowering:
             body=body,
         )
 
-    def _infer(self, e: PExpr, extents: dict[str, str], where: str, scope: set[str]) -> None:
-        if isinstance(e, PRead):
+    def _infer(self, e: PExpr | PIntRead, extents: dict[str, str], where: str, scope: set[str]) -> None:
+        if isinstance(e, (PRead, PIntRead)):
             t = self.types.get(e.tensor)
             if t is None:
                 raise SpecError(where, f"unknown tensor {e.tensor!r}{did_you_mean(e.tensor, self.types)} "
@@ -90,6 +90,9 @@ class _Lowering:
             if len(e.idx) != len(t.dims):
                 raise SpecError(where, f"{e.tensor} has {len(t.dims)} dimensions, indexed with {len(e.idx)}")
             for a, dim in zip(e.idx, t.dims):
+                if isinstance(a, PIntRead):  # a gathered position: its extent comes from the data
+                    self._infer(a, extents, where, scope)
+                    continue
                 if len(a.coefs) == 1 and a.coefs[0][1] == 1 and a.const == 0:
                     v = a.coefs[0][0]
                     size = next(iter(dim.names()))
@@ -115,10 +118,31 @@ class _Lowering:
                 raise SpecError(where, f"unknown index {n!r}{did_you_mean(n, list(bound) + list(self.spec.sizes))}")
         return Aff.build(dict(a.coefs), a.const)
 
-    def cond(self, c: PCond, bound: set[str], where: str) -> tuple[Cond, ...]:
+    def int_read(self, r: PIntRead, bound: set[str], where: str) -> DataRead:
+        """A read standing for an integer: of an i32 input, at affine indices."""
+        decl = self.spec.inputs.get(r.tensor)
+        if decl is None or decl.dtype not in INT_DTYPES:
+            what = f"a {decl.dtype} input" if decl else "a definition" if r.tensor in self.types else "unknown"
+            raise SpecError(where, f"{r.tensor}[…] is used as an index or compared in a condition, but "
+                                   f"{r.tensor} is {what}: only integer inputs (dtype: i32) can be")
+        if len(r.idx) != len(decl.shape):
+            raise SpecError(where, f"{r.tensor} has {len(decl.shape)} dimensions, indexed with {len(r.idx)}")
+        return DataRead(r.tensor, tuple(self.aff(a, bound, where) for a in r.idx), self.types[r.tensor].dims)
+
+    def side(self, a: PAff | PIntRead, bound: set[str], where: str) -> Aff | DataRead:
+        return self.int_read(a, bound, where) if isinstance(a, PIntRead) else self.aff(a, bound, where)
+
+    def cond(self, c: PCond, bound: set[str], where: str) -> tuple[Cond | DataCond, ...]:
         """The IR keeps `<` and `<=` only: `a > b` is `b < a`, `a >= b` is `b <= a`, and
-        `a == b` is `a <= b && b <= a`."""
-        lhs, rhs = self.aff(c.lhs, bound, where), self.aff(c.rhs, bound, where)
+        `a == b` is `a <= b && b <= a`; a comparison reading integer data keeps `==` (one
+        DataCond: `Doc[b, i] == Doc[b, j]`)."""
+        lhs, rhs = self.side(c.lhs, bound, where), self.side(c.rhs, bound, where)
+        if isinstance(lhs, DataRead) or isinstance(rhs, DataRead):
+            if c.op not in (">", ">=", "<", "<=", "=="):
+                raise SpecError(where, f"unknown comparison {c.op!r}")
+            if c.op in (">", ">="):
+                return (DataCond(rhs, c.op.replace(">", "<"), lhs),)
+            return (DataCond(lhs, c.op, rhs),)
         if c.op in ("<", "<="):
             return (Cond(lhs, c.op, rhs),)
         if c.op in (">", ">="):
@@ -136,6 +160,9 @@ class _Lowering:
         parts = []
         for p in c.parts:
             one = self.cond(p, bound, where)
+            if any(isinstance(x, DataCond) for x in one):
+                raise SpecError(where, "a comparison of integer tensor data inside a disjunction (||) is not "
+                                       "supported: a disjunction joins comparisons of indices and sizes")
             if len(one) != 1:
                 raise SpecError(where, "`==` inside a disjunction (||) is not supported: write it as two "
                                        "comparisons joined by && outside any ||")
@@ -155,7 +182,7 @@ class _Lowering:
                                    f"(parameters: {', '.join(self.spec.params) or 'none'}; sizes and indices "
                                    "are values too)")
         if isinstance(e, PRead):
-            return Read(e.tensor, tuple(self.aff(a, bound, where) for a in e.idx))
+            return self.read(e, bound, where)
         if isinstance(e, PBin):
             a, b = self.expr(e.a, st, extents, where, bound), self.expr(e.b, st, extents, where, bound)
             if e.op in "+-" and isinstance(a, IndexValue) and isinstance(b, IndexValue):
@@ -186,6 +213,31 @@ class _Lowering:
                 body = Select(self.conds(e.guard, inner, where), body, neutral)
             return Reduce(e.op, e.var, ext, body)
         raise SpecError(where, f"unsupported expression {e!r}")
+
+    def read(self, e: PRead, bound: set[str], where: str) -> Expr:
+        """A read; an integer tensor as a value is refused (i32 inputs are indices and mask data).
+        A gathered position `X[r, T[r]]` is the sum over that dimension of the element where its
+        index equals the data, sum(g | g == T[r]: X[r, g]): the element when T[r] is in range,
+        0 when it is not (no element matches)."""
+        decl = self.spec.inputs.get(e.tensor)
+        if decl is not None and decl.dtype in INT_DTYPES:
+            raise SpecError(where, f"the integer input {e.tensor} is read as a value: an i32 tensor is read only "
+                                   f"as an index (X[r, {e.tensor}[r]]) or in a condition ({e.tensor}[…] == …)")
+        idx: list[Aff] = []
+        gathers: list[tuple[str, Ext, DataRead]] = []
+        taken = bound | set(self.spec.sizes) | set(self.types) | set(self.spec.params)
+        for k, a in enumerate(e.idx):
+            if isinstance(a, PIntRead):
+                var = fresh(f"g_{e.tensor}".lower(),
+                            taken | {v for v, _, _ in gathers})
+                gathers.append((var, Ext.of(self.types[e.tensor].dims[k], 1), self.int_read(a, bound, where)))
+                idx.append(Aff.of(var))
+            else:
+                idx.append(self.aff(a, bound, where))
+        out: Expr = Read(e.tensor, tuple(idx))
+        for var, ext, data in reversed(gathers):
+            out = Reduce("sum", var, ext, Select((DataCond(Aff.of(var), "==", data),), out, Const(0.0)))
+        return out
 
     def softmax(self, e: PReduce, st: PStatement, extents: dict[str, str], where: str, bound: set[str], ext: Ext) -> Expr:
         if e.var not in st.idx:

@@ -25,6 +25,8 @@ DTYPES: dict[str, DType] = {
     # computed in double by the SIMT mapping only (float64 gradcheck on small builds); every other
     # mapping refuses a kernel with an f64 tensor by name
     "f64": DType("f64", 8, "f64_t", "float64", "float64", False),
+    # integer inputs: read only as data of conditions (a gathered index, a document id)
+    "i32": DType("i32", 4, "i32_t", "int32", "int32", False),
 }
 
 

@@ -12,7 +12,7 @@ from .obligations_terms import A, ExportError, Exporter, Lam, N, Term, V, render
 # Keyed unification: `rewrite` compares only subterms with the lemma's head constant; without it,
 # every subterm is tried up to conversion, which unfolds a fixed-extent sumTo / maxTo step by
 # step (an 8192-column softmax obligation took minutes in one `rewrite (gen_inline ..)`).
-COQ_HEADER = """From Coq Require Import Arith Lia Bool Ring.
+COQ_HEADER = """From Coq Require Import Arith Lia Bool Ring ZArith.
 Require Import Derivc.All.
 Set Keyed Unification.
 """

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .ir import (
-    UNARY_FUNCTIONS, Aff, Bin, Cond, Or, Const, Def, Expr, Ext, Fold, IndexValue, Let, Program, Read, Reduce,
+    UNARY_FUNCTIONS, Aff, Bin, Cond, DataCond, DataRead, Or, Const, Def, Expr, Ext, Fold, IndexValue, Let, Program, Read, Reduce,
     Select, Softmax, Un,
 )
 from .obligations_types import EXT, FIN, join, program_types
@@ -56,7 +56,8 @@ def conj(ps: list[Term]) -> Term:
 
 # --------------------------------------------------------------------------- rendering
 
-_COQ_HEADS = {"ltb": "Nat.ltb", "leb": "Nat.leb", "min": "Nat.min", "natmod": "Nat.modulo"}
+_COQ_HEADS = {"ltb": "Nat.ltb", "leb": "Nat.leb", "min": "Nat.min", "natmod": "Nat.modulo",
+              "zltb": "Z.ltb", "zleb": "Z.leb", "zeqb": "Z.eqb", "zofnat": "Z.of_nat", "zsub": "Z.sub"}
 _LEAN_HEADS = {
     "zero": "KAlg.zero", "one": "KAlg.one", "ninf": "Ext.ninf", "Fin": "Ext.fin", "add": "KAlg.add",
     "mul": "KAlg.mul", "max": "emax", "exp": "KAlg.exp", "neg": "KAlg.neg", "inv": "KAlg.inv",
@@ -64,7 +65,9 @@ _LEAN_HEADS = {
     "ltb": "Nat.blt", "leb": "Nat.ble", "andb": "and", "orb": "or", "min": "Nat.min", "natmod": "Nat.mod", "pair": "Prod.mk",
     "fst": "Prod.fst", "snd": "Prod.snd", "mkOState": "OState.mk", "st_m": "OState.st_m",
     "st_l": "OState.st_l", "st_acc": "OState.st_acc",
+    "zltb": "zltb", "zleb": "zleb", "zeqb": "zeqb", "zofnat": "Int.ofNat", "zsub": "Int.sub",
 }
+INT = "Z"  # the value type of an integer input tensor (t_T : nat -> … -> Z; Int in Lean)
 
 
 def _atomic(t: Term) -> bool:
@@ -148,7 +151,8 @@ def coq_type(arity: int | str | tuple[int, str], lang: str = "coq") -> str:
         return f"R{arrow}R"
     nat = "nat" if lang == "coq" else "Nat"
     k, ty = arity if isinstance(arity, tuple) else (arity, FIN)
-    val = "R" if ty == FIN else ("ext R" if lang == "coq" else "Ext R")
+    val = "R" if ty == FIN else ("Z" if lang == "coq" else "Int") if ty == INT else \
+        ("ext R" if lang == "coq" else "Ext R")
     return arrow.join([nat] * int(k) + [val])
 
 
@@ -195,7 +199,8 @@ class Exporter:
 
     def arity_type(self, name: str, arity: int) -> int | tuple[int, str]:
         """The binder type of a quantified t_/b_/v_ name."""
-        return (arity, EXT) if self.result_ty.get(name) == EXT else arity
+        ty = self.result_ty.get(name)
+        return (arity, ty) if ty in (EXT, INT) else arity
 
     def fresh(self, base: str) -> str:
         self._fresh += 1
@@ -262,7 +267,24 @@ class Exporter:
         k = kl - kr
         return self._sum(pl + nr, max(k, 0)), self._sum(pr + nl, max(-k, 0))
 
-    def cond_bool(self, c: Cond | Or, env: dict) -> Term:
+    def data_side(self, s: Aff | DataRead, env: dict) -> Term:
+        """A side of a data comparison as an integer (Z): a read of the integer input, or the
+        affine expression as Z.of_nat (positive part) - Z.of_nat (negative part)."""
+        if isinstance(s, DataRead):
+            name = "t_" + san(s.tensor)
+            self.tensors[name] = len(s.idx)
+            self.result_ty[name] = INT
+            return A(name, *(self.aff(a, env) for a in s.idx)) if s.idx else V(name)
+        pos, neg, const = self.aff_parts(s, env)
+        plus = A("zofnat", self._sum(pos, max(const, 0)))
+        if not neg and const >= 0:
+            return plus
+        return A("zsub", plus, A("zofnat", self._sum(neg, max(-const, 0))))
+
+    def cond_bool(self, c: Cond | Or | DataCond, env: dict) -> Term:
+        if isinstance(c, DataCond):  # compared as integers (Z.ltb / Z.leb / Z.eqb)
+            head = {"<": "zltb", "<=": "zleb", "==": "zeqb"}[c.op]
+            return A(head, self.data_side(c.lhs, env), self.data_side(c.rhs, env))
         if isinstance(c, Or):  # a disjunction: orb of its comparisons
             bs = [self.cond_bool(p, env) for p in c.parts]
             out = bs[-1]
@@ -279,7 +301,9 @@ class Exporter:
             out = A("andb", b, out)
         return out
 
-    def cond_prop(self, c: Cond | Or, env: dict) -> Term:
+    def cond_prop(self, c: Cond | Or | DataCond, env: dict) -> Term:
+        if isinstance(c, DataCond):
+            return ("eq", self.cond_bool(c, env), V("true"))
         if isinstance(c, Or):
             return ("disj", [self.cond_prop(p, env) for p in c.parts])
         l, r = self.cond_sides(c, env)

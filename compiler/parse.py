@@ -12,7 +12,9 @@ reductions `sum(v: e)` / `max(v: e)` with an optional guard `sum(v | cond && con
 `softmax(v [| cond]: e)` and `where(cond, a, b)`.  A size or index name used as a value (`/ C`,
 `(j - i)`) is its number.  Affine indices: `i`, `2*i + 1`, `i - j`; conditions
 `a < b`, `a <= b`, `a > b`, `a >= b`, `a == b`, joined with `&&`, or with `||` (a disjunction:
-`j <= i || j < P`; one condition is a conjunction or a disjunction, never both).
+`j <= i || j < P`; one condition is a conjunction or a disjunction, never both).  A read of an
+integer tensor may stand for a whole index (the gather `X[r, T[r]]`) or a whole side of a
+comparison (`Doc[b, i] == Doc[b, j]`, `T[r] >= 0`).
 The parser produces a small syntax tree; `lower_spec` turns it into IR.
 """
 from __future__ import annotations
@@ -72,10 +74,19 @@ class PAff:
 
 
 @dataclass(frozen=True)
+class PIntRead:
+    """A read of a tensor standing for an integer (an index or a side of a comparison):
+    `T[r]` in `X[r, T[r]]` or `Doc[b, i] == Doc[b, j]`; the lowering checks it is an i32 input."""
+
+    tensor: str
+    idx: tuple[PAff, ...]
+
+
+@dataclass(frozen=True)
 class PCond:
-    lhs: PAff
+    lhs: "PAff | PIntRead"
     op: str
-    rhs: PAff
+    rhs: "PAff | PIntRead"
 
 
 @dataclass(frozen=True)
@@ -88,7 +99,7 @@ class POr:
 @dataclass(frozen=True)
 class PRead:
     tensor: str
-    idx: tuple[PAff, ...]
+    idx: tuple["PAff | PIntRead", ...]  # a PIntRead position: a gather, X[r, T[r]]
 
 
 @dataclass(frozen=True)
@@ -242,10 +253,10 @@ class _Parser:
         name = self.name()
         if self.peek() == "[":
             self.take("[")
-            idx = [self.aff()]
+            idx = [self.index()]
             while self.peek() == ",":
                 self.take(",")
-                idx.append(self.aff())
+                idx.append(self.index())
             self.take("]")
             return PRead(name, tuple(idx))
         if self.peek() == "(":
@@ -299,11 +310,28 @@ class _Parser:
         return (POr(tuple(out)),) if joins == {"||"} else tuple(out)
 
     def cond(self) -> PCond:
-        lhs = self.aff()
+        lhs = self.index()
         op = self.take()
         if op not in COMPARISONS:
             raise ParseError(f"expected one of {' '.join(COMPARISONS)} in a condition, found {op!r}")
-        return PCond(lhs, op, self.aff())
+        return PCond(lhs, op, self.index())
+
+    def index(self) -> "PAff | PIntRead":
+        """An affine index expression, or a whole read of an (integer) tensor at affine indices."""
+        tok = self.peek()
+        if tok is None or not re.fullmatch(r"[A-Za-z_]\w*", tok) or self.peek(1) != "[":
+            return self.aff()
+        tensor = self.take()
+        self.take("[")
+        idx = [self.aff()]
+        while self.peek() == ",":
+            self.take(",")
+            idx.append(self.aff())
+        self.take("]")
+        if self.peek() in ("+", "-", "*"):
+            raise ParseError(f"arithmetic on the read of {tensor}: a tensor read used as an index or compared "
+                             "in a condition stands alone (write the offset on the other side)")
+        return PIntRead(tensor, tuple(idx))
 
     def aff(self) -> PAff:
         coefs: dict[str, int] = {}
@@ -333,8 +361,8 @@ class _Parser:
             return int(tok), None
         if re.fullmatch(r"[A-Za-z_]\w*", tok):
             if self.peek() == "[":
-                raise ParseError(f"a read of {tok} in an index or a condition: indices and masks are affine in "
-                                 "indices and sizes (a mask on tensor data is not supported)")
+                raise ParseError(f"a read of {tok} inside an affine expression: a tensor read used as an index "
+                                 "or compared in a condition stands alone (its indices are affine)")
             if self.peek() == "*":
                 self.take("*")
                 k = self.take()

@@ -28,12 +28,15 @@ MAX_YAML_VALUES = 100_000  # scalars, lists and mappings of a schedule file, ali
 MAX_SIZE = 2**31 - 1  # sizes index with 32-bit arithmetic in the kernels
 
 Dtype = Literal["f16", "bf16", "f32", "f64"]
+# an input may also hold integers (i32): read in conditions and as indices, never as a value
+InputDtype = Literal["f16", "bf16", "f32", "f64", "i32"]
+INT_DTYPES = ("i32",)
 
 
 class TensorDecl(BaseModel):
     model_config = ConfigDict(extra="forbid")
     shape: list[str] = Field(min_length=1)
-    dtype: Dtype
+    dtype: InputDtype
 
 
 class AlsoOutputDecl(BaseModel):

@@ -1,13 +1,13 @@
-"""Fused cross-entropy on the CPU: loss[r] = logsumexp_c X[r, c] - X[r, T[r]] and its gradient
-dX = dloss (softmax(X) - onehot(T)), the target's logit written as a row sum against the gt-one-hot
-of an integer-valued target (examples/cross_entropy.yaml, examples/pending/cross_entropy_grad.yaml:
-its obligations are not generated yet, see the file).
+"""Fused cross-entropy on the CPU: loss[r] = logsumexp_c X[r, c] - X[r, T[r]] with an i32 target
+and its gather (examples/cross_entropy.yaml), and the gradient dX = dloss (softmax(X) - onehot(T)),
+the target's logit written as a row sum against the gt-one-hot of an integer-valued f32 target
+(examples/pending/cross_entropy_grad.yaml: its obligations are not generated yet, see the file).
 
 - the forward and the dX kernel are printed by the rowwise mapping (a row kernel that stores one
   value per row: no lane) and run through the CPU emulation with integer targets against numpy
   float64 at the vocabulary width 50257 and, with `C: dynamic`, at widths 1, 7, 1000, 4097;
 - the spelling is exact: on integer targets the program is the gather (float64 interpreter);
-- mutations caught: the one-hot off by one column, the per-row store's tail guard dropped.
+- mutations caught: the ignore_index test off by one, the per-row store's tail guard dropped.
 """
 from __future__ import annotations
 
@@ -46,6 +46,7 @@ def _data(R: int, C: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray
     rng = np.random.default_rng(seed)
     X = (rng.standard_normal((R, C)) * 4).astype(np.float16).astype(np.float64)
     T = rng.integers(0, C, R).astype(np.float64)
+    T[0] = 0  # the first column is a target (and, in the mutation test, the ignore bound's edge)
     dloss = rng.standard_normal(R).astype(np.float32).astype(np.float64)
     return X, T, dloss
 
@@ -107,10 +108,11 @@ def test_the_spelling_is_the_gather_on_integer_targets(tmp_path):
         assert np.abs(got - loss).max() <= 1e-12 * np.abs(loss).max()
 
 
-def test_a_one_hot_off_by_one_is_caught(tmp_path):
+def test_an_ignore_index_off_by_one_is_caught(tmp_path):
     path = _spec_file(tmp_path, 1000, grad=False)
-    text = path.read_text().replace("gt(k + 0.5, T[r])", "gt(k + 1.5, T[r])").replace("gt(T[r], k - 0.5)", "gt(T[r], k + 0.5)")
-    path.write_text(text)
+    text = path.read_text()
+    assert "T[r] >= 0" in text
+    path.write_text(text.replace("T[r] >= 0", "T[r] > 0"))
     d = derive(load_spec_file(path), str(path), seed=2)
     X, T, dloss = _data(6, 1000, seed=9)
     loss, _ = _reference(X, T, dloss)

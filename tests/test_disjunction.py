@@ -80,7 +80,7 @@ def test_the_mask_rule_refuses_a_disjunction_by_name():
 
 
 @pytest.mark.parametrize("text,fragments", [
-    ("softmax(j | j <= i || Doc[b, j] < 3: S[b, h, i, j])", ("read of Doc", "not supported")),
+    ("softmax(j | j <= i || Doc[b, j] < 3: S[b, h, i, j])", ("Doc[…]", "f32 input", "only integer inputs")),
     ("softmax(j | j <= i || j == Prefix: S[b, h, i, j])", ("==", "disjunction")),
     ("softmax(j | j <= i || j < 3 && j > 1: S[b, h, i, j])", ("both && and ||",)),
 ])

@@ -19,7 +19,7 @@ import numpy as np
 from compiler.derive import checked_outputs, output_error
 from compiler.interp import UNARY, random_inputs, run_program, step_gt
 from compiler.ir import (
-    BINARY_OPERATORS, UNARY_FUNCTIONS, Aff, Bin, Cond, Or, Const, Expr, Ext, IndexValue, Program, Read, Reduce, Select, Un,
+    BINARY_OPERATORS, UNARY_FUNCTIONS, Aff, Bin, Cond, DataCond, DataRead, Or, Const, Expr, Ext, IndexValue, Program, Read, Reduce, Select, Un,
 )
 
 from .ir import Compute, Kernel, Stage, Stmt, Store, TileLoop
@@ -111,8 +111,12 @@ class _Env:
             out = _lift(lambda o, a: o & a, out, self.atom_or(c))
         return out
 
-    def atom_or(self, c: Cond | Or) -> _V:
-        """One conjunct: a comparison, or a disjunction of comparisons (any holds)."""
+    def atom_or(self, c: Cond | Or | DataCond) -> _V:
+        """One conjunct: a comparison, or a disjunction of comparisons (any holds), or a
+        comparison of integer data (a read outside its tensor is NaN: compares false)."""
+        if isinstance(c, DataCond):
+            cmp = {"<": np.less, "<=": np.less_equal, "==": np.equal}[c.op]
+            return _lift(lambda a, b: cmp(a, b), self.side(c.lhs), self.side(c.rhs))
         if isinstance(c, Or):
             out = self.atom_or(c.parts[0])
             for p in c.parts[1:]:
@@ -120,6 +124,10 @@ class _Env:
             return out
         cmp = np.less if c.op == "<" else np.less_equal
         return _lift(lambda a, b: cmp(a, b), self.aff(c.lhs), self.aff(c.rhs))
+
+    def side(self, s: Aff | DataRead) -> _V:
+        return self.read(Read(s.tensor, s.idx)) if isinstance(s, DataRead) else \
+            _lift(lambda a: a.astype(np.float64), self.aff(s))
 
     # -- values
     def read(self, e: Read) -> _V:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Callable, Mapping
 
-from compiler.ir import UNARY_FUNCTIONS, Aff, Bin, Cond, Const, Expr, Ext, IndexValue, Or, Read, Un
+from compiler.ir import UNARY_FUNCTIONS, Aff, Bin, Cond, Const, DataCond, DataRead, Expr, Ext, IndexValue, Or, Read, Un
 
 
 def aff_c(a: Aff, names: Mapping[str, str]) -> str:
@@ -24,7 +24,43 @@ def aff_c(a: Aff, names: Mapping[str, str]) -> str:
     return f"({text})"
 
 
-def cond_c(c: Cond | Or, names: Mapping[str, str]) -> str:
+def data_pointer(tensor: str, names: Mapping[str, str]) -> str:
+    """The kernel argument of an integer input: `names["*T"]` where a mapping names its pointers
+    itself (the fold mappings' p_x<n>), else `p_T` (the row and SIMT mappings)."""
+    return names.get("*" + tensor, f"p_{tensor}")
+
+
+def data_pointer_names(pointers: Mapping[str, str]) -> dict[str, str]:
+    """The entries of a `names` map that give integer inputs their kernel arguments."""
+    return {"*" + t: p for t, p in pointers.items()}
+
+
+def data_read_c(r: DataRead, names: Mapping[str, str]) -> tuple[str, str]:
+    """(the read is inside the tensor, the value as long long): row-major over the tensor's dims."""
+    offset, inside = "", []
+    for a, dim in zip(r.idx, r.dims):
+        i, n = aff_c(a, names), aff_c(dim, names)
+        inside.append(f"0 <= {i} && {i} < {n}")
+        offset = i if not offset else f"({offset} * {n} + {i})"
+    return " && ".join(inside) or "true", f"(long long){data_pointer(r.tensor, names)}[{offset or 0}]"
+
+
+def data_cond_c(c: DataCond, names: Mapping[str, str]) -> str:
+    """A comparison of integer data: false where a read leaves its tensor (the interpreters' NaN)."""
+    guards, sides = [], []
+    for s in (c.lhs, c.rhs):
+        if isinstance(s, DataRead):
+            inside, value = data_read_c(s, names)
+            guards.append(inside)
+            sides.append(value)
+        else:
+            sides.append(f"(long long){aff_c(s, names)}")
+    return f"({' && '.join(guards)} && {sides[0]} {c.op} {sides[1]})"
+
+
+def cond_c(c: Cond | Or | DataCond, names: Mapping[str, str]) -> str:
+    if isinstance(c, DataCond):
+        return data_cond_c(c, names)
     if isinstance(c, Or):
         return "(" + " || ".join(cond_c(p, names) for p in c.parts) + ")"
     return f"({aff_c(c.lhs, names)} {c.op} {aff_c(c.rhs, names)})"
@@ -86,6 +122,8 @@ def box_extremes(c: Cond | Or, box: Mapping[str, tuple[str, str]], names: Mappin
     lhs < rhs (or <=) is affine, so its slack rhs - lhs is least and greatest at corners: each
     boxed variable sits at the end its coefficient's sign picks.
     """
+    if isinstance(c, DataCond):  # data: it may hold or not anywhere in the box (masked per element)
+        return "false", "false"
     if isinstance(c, Or):
         ends = [box_extremes(p, box, names) for p in c.parts]
         return "(" + " || ".join(e for e, _ in ends) + ")", "(" + " && ".join(n for _, n in ends) + ")"
@@ -177,6 +215,8 @@ def first_tile_c(conds: tuple[Cond, ...], var: str, box: Mapping[str, tuple[str,
     """
     starts = []
     for c in conds:
+        if isinstance(c, DataCond):  # a comparison of data bounds no tile
+            continue
         if isinstance(c, Or):  # the union of the parts' ranges: the least of their starts
             parts = [_or_part_start(p, var, box, names) for p in c.parts]
             if all(parts):
@@ -241,6 +281,8 @@ def end_tile_c(conds: tuple[Cond | Or, ...], var: str, box: Mapping[str, tuple[s
     in the box, tile 0 where it holds nowhere)."""
     ends = []
     for c in conds:
+        if isinstance(c, DataCond):
+            continue
         if isinstance(c, Or):
             parts = [_or_part_end(p, var, box, names) for p in c.parts]
             if all(parts):

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from compiler.ir import Aff, Bin, Cond, Const, Expr, Ext, IndexValue, Or, Read, Reduce, Select, Un, walk
+from compiler.ir import Aff, Bin, Cond, Const, DataCond, Expr, Ext, IndexValue, Or, Read, Reduce, Select, Un, walk
 from compiler.printer import show_expr
 
 from ..kir.ir import Compute, Kernel, Stage, TileLoop
@@ -242,7 +242,9 @@ def match(k: Kernel, mapping: str) -> tuple[AttentionPlan, FoldMask]:
     if not loop.ext.names() <= set(dict(k.sizes)) | {qt} | set(batch_loops):
         raise refuse(mapping, f"the key tile range {loop.var} < {loop.ext} depends on more than sizes, the query tile "
                      "and the batch indices")
-    extras = _score_inputs(k, general, qk_value, {row, c, qt, loop.var} | set(batch_loops), (q_op, k_op, v_op), mapping)
+    data = tuple(dict.fromkeys(r.tensor for cc in mask if isinstance(cc, DataCond) for r in cc.reads()))
+    extras = _score_inputs(k, general, qk_value, {row, c, qt, loop.var} | set(batch_loops), (q_op, k_op, v_op),
+                           mapping, data)
     # every dynamic size is a kernel argument (the launch passes k.dynamic()): the mask, the key
     # tile range and the score term may use sizes no operand has
     plan = AttentionPlan(
@@ -361,11 +363,12 @@ def _check_row_store(k: Kernel, st, dl: str, head: int, mapping: str) -> None:
 
 
 def _score_inputs(k: Kernel, score: Expr | None, acc: Read, indices: set[str], qkv: tuple,
-                  mapping: str) -> tuple:
-    """The inputs the score reads besides Q, K, V (kernel-argument order); refuses a score that
-    is not element-wise over the contraction, the row, column, tiles and batch indices, and an
-    argument order other than Q, K, V, then the score's tensors."""
-    read: list[str] = []
+                  mapping: str, data: tuple[str, ...] = ()) -> tuple:
+    """The inputs the score and the mask read besides Q, K, V (kernel-argument order); refuses a
+    score that is not element-wise over the contraction, the row, column, tiles and batch indices,
+    and an argument order other than Q, K, V, then the score's and the mask's tensors (`data`:
+    the integer inputs the mask compares)."""
+    read: list[str] = list(data)
     if score is not None:
         inputs = {t.name for t in k.inputs}
         allowed = indices | set(dict(k.sizes))
@@ -388,7 +391,7 @@ def _score_inputs(k: Kernel, score: Expr | None, acc: Read, indices: set[str], q
     extra = tuple(t.name for t in k.inputs if t.name in read and t.name not in names)
     if tuple(t.name for t in k.inputs) != names + extra:
         raise refuse(mapping, f"the inputs are ({', '.join(t.name for t in k.inputs)}): this mapping takes "
-                     f"({', '.join(names + extra)}) — Q, K, V first, then the tensors the score reads")
+                     f"({', '.join(names + extra)}) — Q, K, V first, then the tensors the score and the mask read")
     return tuple(operand(k, n, "global", mapping) for n in extra)
 
 
@@ -462,7 +465,7 @@ def mask_context(mask: FoldMask, plan: AttentionPlan) -> dict:
     contraction's value (rowf / colf: the row and
     column as exact floats, so that an index value costs float adds, not a conversion each).
     """
-    from .cexpr import aff_c, box_extremes, conds_c, end_tile_c, ext_c, first_tile_c, read_c, value_c
+    from .cexpr import aff_c, box_extremes, conds_c, data_pointer_names, end_tile_c, ext_c, first_tile_c, read_c, value_c
     from .cexpr import size_names as c_sizes
 
     sizes = c_sizes(tuple(plan.fixed) + tuple((n, None) for n in plan.dynamic))
@@ -474,9 +477,11 @@ def mask_context(mask: FoldMask, plan: AttentionPlan) -> dict:
     def key_tile_c(ktile: str) -> str:  # the key tile step `ktile` folds (its first row: BN times it)
         return aff_c(key_tile, {**sizes, **batch, mask.ktile: f"({ktile})"})
 
+    data_ptrs = data_pointer_names({op.name: f"p_x{n}" for n, op in enumerate(plan.extras)})
+
     def names(row: str, col: str, ktile: str) -> dict[str, str]:
         return {**sizes, **batch, mask.row: f"({row} - q0)", mask.col: f"({col} - {key_tile_c(ktile)} * {bn})",
-                mask.qtile: "qt", mask.ktile: f"({ktile})"}
+                mask.qtile: "qt", mask.ktile: f"({ktile})", **data_ptrs}
 
     def keep(row: str, col: str, ktile: str) -> str:
         return f"({conds_c(mask.conds, names(row, col, ktile))})"

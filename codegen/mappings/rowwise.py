@@ -18,6 +18,8 @@ refused by name and the next mapping — SIMT — prints the kernel):
   reads and row reductions `sum|max(k < C: body)` with an element-wise body in k: each thread
   reduces its own columns, then the block combines the partial values (the sum / max over the
   whole row, in another association: exact in the algebra, a float reordering);
+  a sum whose guard pins its index to integer data, sum(g < E: [g == T[r] && …] ? v : 0) (the
+  gather X[r, T[r]]), is v read once at g = T[r] where T[r] lies in [0, E) (no sweep);
 - a `for` over column tiles (ONLINE-AGG's streaming fold) with a fixed number of tiles, each
   tile a whole number of sweeps (T = K·NT·V columns), carrying per-row state: every thread
   holds its K vectors of the tile, a tile reduction is a block reduction over the tile, the
@@ -34,11 +36,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from compiler.ir import Aff, Bin, Const, Expr, IndexValue, Read, Reduce, Select, Un, walk
+from compiler.ir import Aff, Bin, Const, DataCond, DataRead, Expr, IndexValue, Read, Reduce, Select, Un, walk
 from compiler.ir import Mapping as IrMapping
 from compiler.machine import DTYPES
 
-from .cexpr import aff_c, conds_c, float_const_c, gt_c, index_value_c, size_names, unary_c
+from .cexpr import aff_c, conds_c, data_read_c, float_const_c, gt_c, index_value_c, size_names, unary_c
 from .rowwise_dynamic import DynamicRowSweeps
 from ..kir.ir import Compute, Kernel, LaneDim, Stage, TileLoop, sub_expressions
 from ..kir.lower import UnsupportedMapping
@@ -75,6 +77,23 @@ def _row_of_reductions(k: Kernel) -> LaneDim:
     ext = exts.pop()
     fixed = _fixed(ext.single()[0], k) if len(ext.parts) == 1 and ext.parts[0][1] == 1 else None
     return LaneDim("col_", fixed, IrMapping("thread", "", PER_ROW_THREADS), None if fixed else ext)
+
+
+def _pins(c: object, var: str, point: DataRead) -> bool:
+    return isinstance(c, DataCond) and c.op == "==" and {c.lhs, c.rhs} == {Aff.of(var), point}
+
+
+def _point(e: Reduce) -> DataRead | None:
+    """The data D of a sum whose guard pins its index to it (`g == D`, D not reading g): a gather."""
+    if e.op != "sum" or not isinstance(e.body, Select) or e.body.other != Const(0.0) or len(e.ext.parts) != 1 \
+            or e.ext.parts[0][1] != 1:
+        return None
+    for c in e.body.conds:
+        if isinstance(c, DataCond) and c.op == "==":
+            for side in (c.lhs, c.rhs):
+                if isinstance(side, DataRead) and e.var not in side.names() and _pins(c, e.var, side):
+                    return side
+    return None
 
 
 @dataclass(frozen=True)
@@ -384,6 +403,9 @@ class _Printer(DynamicRowSweeps):
     def row_reduce(self, e: Reduce) -> str:
         if e.op not in ("sum", "max"):
             raise _refuse(f"reduction {e.op}")
+        point = _point(e)
+        if point is not None:
+            return self.point_sum(e, point)
         if e.mma is not None:
             raise _refuse(f"the row reduction over {e.var} is mapped to {e.mma.instr}")
         n = e.ext.single()[0] if len(e.ext.parts) == 1 and e.ext.parts[0][1] == 1 else None
@@ -407,6 +429,42 @@ class _Printer(DynamicRowSweeps):
         self.lines.append(f"{acc} = block_{e.op}<{self.block // 32}>({acc}, red_smem_);")
         self.reductions.append(f"{e.op} over {e.var}")
         return acc
+
+    def point_sum(self, e: Reduce, point: DataRead) -> str:
+        """A gather: sum(g < E: [g == D && rest] ? v : 0) is v at g = D where D is in [0, E) and
+        rest holds there, else 0 — one read of D and of v per row (every thread the same
+        addresses), no sweep and no block reduction."""
+        assert isinstance(e.body, Select)
+        at = self.fresh("pt_")
+        inside, value = data_read_c(point, self.names)
+        names = {**self.names, e.var: at}
+        rest = tuple(c for c in e.body.conds if not _pins(c, e.var, point))
+        live = f"0 <= {at} && {at} < (long long){aff_c(e.ext.single()[0], self.names)}"
+        acc = self.fresh("red_")
+        self.lines += [f"const long long {at} = ({inside}) ? {value} : -1LL;",
+                       f"float {acc} = 0.0f;",
+                       f"if ({live} && {conds_c(rest, names)}) {acc} = {self.point_value(e.body.then, names)};"]
+        self.reductions.append(f"gather over {e.var}")
+        return acc
+
+    def point_value(self, e: Expr, names: dict[str, str]) -> str:
+        """An element-wise value at one point (indices printed by `names`): reads of inputs,
+        sizes and indices as values, constants, operators."""
+        if isinstance(e, Const):
+            return float_const_c(e.value)
+        if isinstance(e, Read):
+            if e.tensor not in {t.name for t in self.k.inputs} or not e.idx:
+                raise _refuse(f"the gathered value reads {e.tensor}, not an input")
+            dt = DTYPES[self.k.tensor(e.tensor).dtype]
+            off = " + ".join(f"(long long){aff_c(a, names)} * {st}" for a, st in zip(e.idx, self.strides(e.tensor)))
+            return f"{dt.name}_to_f32(p_{e.tensor}[{off}])"
+        if isinstance(e, IndexValue):
+            return index_value_c(e.aff, names)
+        if isinstance(e, Bin):
+            return self.binary(e.op, self.point_value(e.a, names), self.point_value(e.b, names))
+        if isinstance(e, Un):
+            return unary_c(e.op, self.point_value(e.a, names))
+        raise _refuse(f"no gathered form for {type(e).__name__}")
 
     # ------------------------------------------------------------------ statements
     def stage(self, s: Stage) -> None:

@@ -29,7 +29,7 @@ from dataclasses import replace
 
 from pydantic import Field
 
-from ..ir import Aff, Bin, Cond, Const, Expr, Ext, Fold, Or, Program, Reduce, Select, walk
+from ..ir import Aff, Bin, Cond, Const, DataCond, Expr, Ext, Fold, Or, Program, Reduce, Select, walk
 from . import register
 from .base import Facts, Rule, StepParams, const_extent, find_binder, replace_node
 
@@ -110,6 +110,8 @@ class SkipMasked(Rule):
         disjunctions = []
         for c in guard_sets[0]:
             if str(c) not in common:
+                continue
+            if isinstance(c, DataCond):  # a comparison of data bounds no tile (the mask stays per element)
                 continue
             if isinstance(c, Or):  # its tiles are the union of its parts': a max, which no extent is
                 if all((p_.lhs - p_.rhs).coef(p.index) > 0 for p_ in c.parts):

@@ -223,6 +223,12 @@ theorem gt_refl (a : R) : KAlg.gt a a = KAlg.zero := KAlg.gt_false a a (le_refl 
 /-! Extended values (Coq: Algebra.v, section Derived): no ring arithmetic on -inf. -/
 
 /-- max on extended values (Coq: `max`); -inf is its unit -/
+/-- Comparisons of integer data (an i32 input tensor read in a condition, `Doc[b, i] == Doc[b, j]`),
+the Coq export's Z.ltb / Z.leb / Z.eqb. -/
+def zltb (a b : Int) : Bool := decide (a < b)
+def zleb (a b : Int) : Bool := decide (a ≤ b)
+def zeqb (a b : Int) : Bool := decide (a = b)
+
 def emax : Ext R → Ext R → Ext R
   | Ext.ninf, y => y
   | Ext.fin x, Ext.ninf => Ext.fin x

@@ -204,10 +204,28 @@ macro "derivc_red" : tactic => `(tactic| (try simp only [sel, div, onlineStepW])
 
 /-- guards as arithmetic facts for omega -/
 macro "derivc_facts" : tactic =>
-  `(tactic| (try simp only [Nat.blt_eq, Nat.ble_eq, Bool.and_eq_true, ← Bool.not_eq_true] at *))
+  `(tactic| (try simp only [Nat.blt_eq, Nat.ble_eq, Bool.and_eq_true, ← Bool.not_eq_true,
+    zltb, zleb, zeqb, decide_eq_true_eq] at *))
 
 /-- case on a guard (an if on an index comparison) -/
 macro "derivc_split" : tactic => `(tactic| (split <;> derivc_facts))
+
+/-- case on a comparison of integer data (zltb / zleb / zeqb of an i32 input's reads) -/
+macro "derivc_zsplit" : tactic => `(tactic| (split <;> derivc_facts))
+
+/-- Coq's test of a data fact's shape (used inside derivc_zunify there); nothing to do here -/
+macro "derivc_zfact" : tactic => `(tactic| skip)
+
+/-- data hypotheses (zeqb a b = true, …) as Int facts for omega -/
+macro "derivc_zhyps" : tactic =>
+  `(tactic| (try simp only [zltb, zleb, zeqb, decide_eq_true_eq, decide_eq_false_iff_not] at *))
+
+/-- reads of integer data at indices spelt differently (i + 128 * t, t * 128 + i), spelt alike -/
+macro "derivc_zunify" : tactic =>
+  `(tactic| (try simp only [Nat.add_comm, Nat.mul_comm, Nat.add_left_comm] at *))
+
+/-- a contradictory case: index facts, or data facts up to the spelling of their indices -/
+macro "derivc_absurd" : tactic => `(tactic| (exfalso; first | omega | (derivc_zunify; omega)))
 
 macro "derivc_cases" : tactic =>
   `(tactic| (repeat' (derivc_split <;> derivc_red <;> try (exfalso; omega))))

@@ -14,7 +14,7 @@
      containing the other operand: a maxTo over a range,
      a running max max(m_old, maxTo ..), or the final running max of a fold (`ele_foldN`).
    Nothing here is assumed: every lemma is proved from the KAlg fields. *)
-From Coq Require Import Arith Lia Bool Ring.
+From Coq Require Import Arith Lia Bool Ring ZArith.
 Require Import Derivc.Algebra Derivc.Sum Derivc.Rules.Fuse Derivc.Rules.Tile
   Derivc.Rules.MapMma Derivc.Rules.SplitSoftmax Derivc.Rules.OnlineAgg.
 
@@ -192,6 +192,52 @@ Ltac derivc_split :=
   | |- context [Nat.eqb ?a ?b] => derivc_split_on (Nat.eqb_spec a b) (Nat.eqb a b)
   end.
 
+(* case on a comparison of integer data (an i32 input read in a condition).  Tried after the index
+   cases and after congruence: its facts relate opaque reads (t_Doc b i = t_Doc b j), which lia
+   cannot connect to the same read at an index spelt differently (128 * jo + ji, ji + 128 * jo),
+   so two sides that differ only there are closed by congruence on the read's indices instead *)
+Ltac derivc_zsplit :=
+  match goal with
+  | |- context [Z.ltb ?a ?b] => destruct (Z.ltb_spec a b)
+  | |- context [Z.leb ?a ?b] => destruct (Z.leb_spec a b)
+  | |- context [Z.eqb ?a ?b] => destruct (Z.eqb_spec a b)
+  end.
+
+(* reads of integer data at indices lia equates, spelt alike (t_Doc b (i + 128 * t) and
+   t_Doc b (t * 128 + i) are one atom for lia afterwards): closes a case whose data facts
+   contradict each other only up to that spelling.  Only the facts the data cases introduce
+   (Z comparisons) are searched: the other hypotheses can be large terms *)
+Ltac derivc_zfact P :=
+  lazymatch P with
+  | @eq Z _ _ => idtac
+  | ~ @eq Z _ _ => idtac
+  | Z.lt _ _ => idtac
+  | Z.le _ _ => idtac
+  end.
+Ltac derivc_zunify :=
+  repeat match goal with
+  | H1 : ?P, H2 : ?Q |- _ =>
+      derivc_zfact P; derivc_zfact Q;
+      match P with context [?f ?i] =>
+        let T := type of (f i) in constr_eq T Z;
+        match Q with context [f ?j] =>
+          tryif constr_eq i j then fail else
+          (let E := fresh "E" in assert (E : i = j) by lia; rewrite E in H1; clear E)
+        end
+      end
+  end.
+(* a site's hypotheses on data (`Z.eqb a b = true`) as facts lia reads *)
+Ltac derivc_zhyps :=
+  repeat match goal with
+  | H : Z.eqb _ _ = true |- _ => apply Z.eqb_eq in H
+  | H : Z.eqb _ _ = false |- _ => apply Z.eqb_neq in H
+  | H : Z.leb _ _ = true |- _ => apply Z.leb_le in H
+  | H : Z.leb _ _ = false |- _ => apply Z.leb_gt in H
+  | H : Z.ltb _ _ = true |- _ => apply Z.ltb_lt in H
+  | H : Z.ltb _ _ = false |- _ => apply Z.ltb_ge in H
+  end.
+Ltac derivc_absurd := exfalso; first [ lia | derivc_zunify; lia ].
+
 (* masked iterations of a fold leave the online-aggregation state unchanged *)
 Ltac derivc_kill_masked :=
   derivc_red;
@@ -239,6 +285,10 @@ Ltac derivc_congr :=
       | derivc_congr
       | intros ? ? ?; derivc_congr ] ]
   | match goal with |- ?f ?a = ?g ?b => apply (app_cong f g a b); derivc_congr end
+  (* two guards on data that agree by congruence (the same reads at indices lia equates): one case *)
+  | match goal with |- (if ?c then _ else _) = (if ?c' then _ else _) =>
+      let E := fresh "E" in assert (E : c = c') by derivc_congr; rewrite E; destruct c'; derivc_congr end
+  | derivc_zsplit; derivc_red; first [ derivc_absurd | derivc_congr ]
   | derivc_ring ].
 
 (* a proposition over index arithmetic: bounds, guards, store-index equalities *)
@@ -247,8 +297,8 @@ Ltac derivc_props :=
 
 (* ---------------------------------------------------------- -inf is only where it may be *)
 
-Ltac derivc_cases := repeat (derivc_split; derivc_red; try (exfalso; lia)).
-Ltac derivc_fin_close := intros; first [ reflexivity | discriminate | exfalso; lia ].
+Ltac derivc_cases := repeat (first [ derivc_split | derivc_zsplit ]; derivc_red; try derivc_absurd).
+Ltac derivc_fin_close := intros; first [ reflexivity | discriminate | derivc_absurd ].
 
 (* goal: `M = NInf -> P` where M is an (inlined) max over a range and P is `g k = false` or
    False: a key k that is live makes M finite (maxTo_NInf_inv at k). *)
@@ -366,7 +416,8 @@ Ltac derivc_ele :=
 
 (* goal: a <> NInf for the score of an exp site, under the site's select conditions *)
 Ltac derivc_not_ninf :=
-  derivc_red; repeat (derivc_split; derivc_red; try (exfalso; lia));
+  derivc_red; repeat (first [ derivc_split | derivc_zsplit ]; derivc_red;
+                      try (exfalso; first [ lia | derivc_zhyps; derivc_zunify; lia ]));
   let E := fresh "E" in intro E; discriminate E.
 
 (* goal: a safety obligation `... -> let .. in expd_safe a m` (exp site) or `rescale_safe m m'`

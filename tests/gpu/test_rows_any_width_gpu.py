@@ -61,7 +61,8 @@ def test_dynamic_softmax_against_torch_float64(tmp_path, C, offset):
 @pytest.mark.parametrize("C", [50257, 1, 7, 1000, 4097, 128256])
 def test_cross_entropy_against_torch_float64(tmp_path, C):
     """The fused cross-entropy forward (examples/cross_entropy.yaml at C = 50257; `C: dynamic`
-    for the other widths) with integer targets, logits x1 and x8."""
+    for the other widths) with i32 targets (the ends 0 and C - 1, ignore_index -100: loss 0),
+    logits x1 and x8."""
     spec = load_spec("cross_entropy")
     if C != 50257:
         spec["sizes"]["C"] = "dynamic"
@@ -73,8 +74,9 @@ def test_cross_entropy_against_torch_float64(tmp_path, C):
         gen = torch.Generator(device="cuda").manual_seed(C + R)
         x = (torch.randn(R, C, device="cuda", generator=gen, dtype=torch.float32) * scale).to(torch.float16)
         t = torch.randint(0, C, (R,), device="cuda", generator=gen)
-        loss = k(x, t.to(torch.float32))
+        t[: min(R, 3)] = torch.tensor([C - 1, -100, 0], device="cuda")[: min(R, 3)]  # the ends, ignore_index
+        loss = k(x, t.to(torch.int32))
         torch.cuda.synchronize()
-        ref = torch.nn.functional.cross_entropy(x.double(), t, reduction="none")
+        ref = torch.nn.functional.cross_entropy(x.double(), t, reduction="none")  # ignore_index -100: 0
         err = (loss.double() - ref).abs().max().item()
         assert err <= 1e-4 * max(1.0, ref.abs().max().item()), (R, scale, err)
