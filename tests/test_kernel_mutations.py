@@ -86,10 +86,14 @@ MUTATIONS = (
     Mutation("rowwise_division_unguarded_by_sign", "rmsnorm.yaml", "codegen/mappings/rowwise.py",
              'return f"div0({a}, {b})"', 'return f"div0({b}, {a})"'),
     # --- FOLD-STAT's second output (LSE = m + log l): a wrong statistic fails at the kernel step
+    # the LSE and split-state stores have a packed-rows branch (GQA decode) before the unpacked one:
+    # each mutation names the store it breaks
     Mutation("mma_lse_forgets_log", "flash_attention_d64_lse.yaml", T + "online_fold.cu.j2",
-             "m_r[mi][h] * 0.693147180559945309f + logf(l)", "m_r[mi][h] * 0.693147180559945309f + l"),
+             "gL[(long long)lr * ({{ ld_lse }})] = m_r[mi][h] * 0.693147180559945309f + logf(l);",
+             "gL[(long long)lr * ({{ ld_lse }})] = m_r[mi][h] * 0.693147180559945309f + l;"),
     Mutation("mma_lse_max_in_log2_units", "flash_attention_d64_lse.yaml", T + "online_fold.cu.j2",
-             "m_r[mi][h] * 0.693147180559945309f", "m_r[mi][h]"),
+             "gL[(long long)lr * ({{ ld_lse }})] = m_r[mi][h] * 0.693147180559945309f",
+             "gL[(long long)lr * ({{ ld_lse }})] = m_r[mi][h]"),
     Mutation("mma_lse_row_of_the_upper_half", "flash_attention_d64_lse.yaml", T + "online_fold.cu.j2",
              "(lane >> 2) + 8 * h;", "(lane >> 2);", occurrence=2),  # the first is SPLIT-KV's state store
     Mutation("split_kv_mma_state_row_of_the_upper_half", "decode_splitkv.yaml", T + "online_fold.cu.j2",
@@ -103,7 +107,11 @@ MUTATIONS = (
     Mutation("split_kv_mma_stores_acc_over_l", "decode_splitkv.yaml", T + "online_fold.cu.j2",
              "inv[h] = 1.0f;", "inv[h] = l > 0.0f ? 1.0f / l : 0.0f;"),
     Mutation("split_kv_mma_m_in_log2_units", "decode_splitkv.yaml", T + "online_fold.cu.j2",
-             "= 0.693147180559945309f * m_r[mi][h];", "= m_r[mi][h];"),
+             "gM[(long long)lr * ({{ ld_m }})] = 0.693147180559945309f * m_r[mi][h];",
+             "gM[(long long)lr * ({{ ld_m }})] = m_r[mi][h];"),
+    Mutation("split_kv_mma_packed_m_in_log2_units", "decode_splitkv_gqa.yaml", T + "online_fold.cu.j2",
+             "gM[{{ row_off('lr', ld_m, ldp_m) }}] = 0.693147180559945309f * m_r[mi][h];",
+             "gM[{{ row_off('lr', ld_m, ldp_m) }}] = m_r[mi][h];"),
     # --- GQA decode's packed rows: a row paired with another head of the group
     Mutation("gqa_packed_row_head_column_major", "decode_splitkv_gqa.yaml", "codegen/mappings/render.py",
              'return f"((long long)(({r}) / {bm}) * ({ldp})', 'return f"((long long)(({r}) % {p.pack}) * ({ldp})'),

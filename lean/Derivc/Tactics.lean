@@ -210,6 +210,11 @@ macro "derivc_facts" : tactic =>
 /-- case on a guard (an if on an index comparison) -/
 macro "derivc_split" : tactic => `(tactic| (split <;> derivc_facts))
 
+/-- Coq's derivc_split_on generalises one comparison before casing on it (so that Coq's destruct
+   does not search the goal up to conversion); Lean's `split` cases on the `if` itself, so the
+   mirror is the same case split -/
+macro "derivc_split_on" : tactic => `(tactic| (split <;> derivc_facts))
+
 /-- case on a comparison of integer data (zltb / zleb / zeqb of an i32 input's reads) -/
 macro "derivc_zsplit" : tactic => `(tactic| (split <;> derivc_facts))
 
