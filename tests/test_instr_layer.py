@@ -124,10 +124,16 @@ def _derived_sources(path: str) -> tuple[tuple[str, str, str], ...]:
     from compiler.derive_grad import derive_gradient
     from compiler.kernel_chain import chain_of, kernel_derivations
 
+    from compiler.schedule_variants import resolve
+
     spec = load_spec_file(Path(path))
-    derivations = [derive(spec, path, seed=5, check=False)]
-    if chain_of(derivations[0]):  # a chain of kernels (split-KV decode): each kernel's text
-        derivations = kernel_derivations(derivations[0])
+    specs = [spec]
+    if spec.variants:  # and the variant of every parameter's last choice (a tuned GEMM's split chain)
+        specs.append(resolve(spec, {name: values[-1] for name, values in spec.variants.items()}))
+    derivations = []
+    for s in specs:
+        d = derive(s, path, seed=5, check=False)
+        derivations += kernel_derivations(d) if chain_of(d) else [d]  # a chain: each kernel's text
     if spec.grad is not None:
         derivations += derive_gradient(spec, path, seed=5, check=False).kernels
     out = []
