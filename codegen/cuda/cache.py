@@ -117,14 +117,19 @@ def store(key: str, cubin: bytes, log: str) -> None:
         + _HEADER.pack(hashlib.sha256(payload).digest(), len(log_bytes))
         + payload
     )
-    directory = cache_dir()
+    write_entry(entry_path(key), data)
+
+
+def write_entry(path: Path, data: bytes) -> None:
+    """Write a cache entry atomically: a temp file beside it, then os.replace, so a reader never
+    sees half an entry.  Failures (read-only disk, ...) are ignored: every cache is optional."""
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{key[:16]}.", suffix=".tmp", dir=directory)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.stem[:16]}.", suffix=".tmp", dir=path.parent)
         try:
             with os.fdopen(fd, "wb") as handle:
                 handle.write(data)
-            os.replace(tmp, entry_path(key))
+            os.replace(tmp, path)
         except BaseException:
             os.unlink(tmp)
             raise

@@ -224,7 +224,7 @@ def _disassembly(cubin: bytes, cuobjdump: Path | None, nvdisasm: Path | None) ->
     test changed, a rebuild) give the same cubins.  Key: sha256 of the cubin, the argv and both
     tools' identities; an entry carries the sha256 of its text (a torn or corrupted entry is a
     miss) and is written to a temp name, then renamed into place."""
-    from .cache import cache_dir
+    from .cache import cache_dir, write_entry
 
     tool = "cuobjdump" if cuobjdump is not None else "nvdisasm"
     flags = ["-sass", "-res-usage"] if cuobjdump is not None else ["-c"]
@@ -245,18 +245,7 @@ def _disassembly(cubin: bytes, cuobjdump: Path | None, nvdisasm: Path | None) ->
         path.write_bytes(cubin)
         text = _run([str(cuobjdump if cuobjdump is not None else nvdisasm), *flags, str(path)], nvdisasm)
     raw = text.encode()
-    try:
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{entry.stem[:16]}.", suffix=".tmp", dir=entry.parent)
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(_TEXT_MAGIC + hashlib.sha256(raw).hexdigest().encode() + b"\n" + raw)
-            os.replace(tmp_name, entry)
-        except BaseException:
-            os.unlink(tmp_name)
-            raise
-    except OSError:  # an unwritable cache: the listing stands
-        pass
+    write_entry(entry, _TEXT_MAGIC + hashlib.sha256(raw).hexdigest().encode() + b"\n" + raw)
     return tool, text
 
 
