@@ -178,7 +178,6 @@ def vocab() -> None:
     """Softmax, cross-entropy and its backward over vocabulary rows (8192 x 50257, 8192 x 128256)
     against torch.compile and a device copy of X, TB/s of the bytes each op must move: softmax X
     read + Y written, cross-entropy X read once, its backward X read + dX written."""
-    import derivc
     import torch
     import torch.nn.functional as F
 
@@ -187,42 +186,49 @@ def vocab() -> None:
 
     def xent_grad(z, t, g):  # dX = g (softmax(z) - onehot(t)), 0 on ignored rows (t = -100)
         p = torch.softmax(z.float(), dim=-1)
-        hot = F.one_hot(t.clamp(min=0), z.shape[-1]).float()
+        hot = (torch.arange(z.shape[-1], device=z.device)[None, :] == t[:, None]).float()  # fused, not one_hot's int64
         return ((p - hot) * torch.where(t >= 0, g, torch.zeros_like(g))[:, None]).half()
 
     xent_grad_c = torch.compile(xent_grad)
     for v in VOCABS:
-        try:
-            xv = torch.randn(8192, v, device="cuda", dtype=torch.float16)
-            t = torch.randint(0, v, (8192,), device="cuda")
-            t[::97] = -100  # ignored rows
-            t32 = t.to(torch.int32)
-            g = torch.randn(8192, device="cuda", dtype=torch.float32)
-            xbytes = 8192 * v * 2
-            copy = torch.empty_like(xv)
-            ms_copy = _bench(lambda: copy.copy_(xv))
-            row(case=f"copy 8192x{v} f16", tbs=round(2 * xbytes / ms_copy / 1e9, 3))
-        except Exception:  # noqa: BLE001
-            row(case=f"vocab {v} inputs", error=traceback.format_exc(limit=3)[-800:])
-            continue
-        cases = (
-            ("softmax", f"softmax_vocab_{v}", lambda k: k(xv), lambda: soft(xv), 2 * xbytes),
-            ("cross-entropy", f"cross_entropy_{v}", lambda k: k(xv, t32), lambda: xent(xv, t), xbytes),
-            ("cross-entropy backward dX", f"cross_entropy_grad_{v}/grad/dX", lambda k: k(xv, t32, g),
-             lambda: xent_grad_c(xv, t, g), 2 * xbytes),
-        )
-        for what, build, ours, anchor, nb in cases:
-            try:
-                k = derivc.load(Path("/tmp/sr-bench") / build)
-                diff = (ours(k).float() - anchor().float()).abs().max().item()
-                ms_k, ms_c = _bench(lambda: ours(k)), _bench(anchor)
-                row(case=f"{what} 8192x{v}", derivc_tbs=round(nb / ms_k / 1e9, 3), compile_tbs=round(nb / ms_c / 1e9, 3),
-                    ratio_compile=round(ms_c / ms_k, 3), vs_copy=round(ms_copy / ms_k * nb / (2 * xbytes), 3),
-                    max_abs_diff=diff)
-            except Exception:  # noqa: BLE001
-                row(case=f"{what} 8192x{v}", error=traceback.format_exc(limit=3)[-800:])
-        del xv, copy
+        _vocab_rows(v, soft, xent, xent_grad_c)
         torch.cuda.empty_cache()
+
+
+def _vocab_rows(v: int, soft, xent, xent_grad) -> None:
+    """The rows of one vocabulary width (its tensors freed on return)."""
+    import derivc
+    import torch
+
+    try:
+        xv = torch.randn(8192, v, device="cuda", dtype=torch.float16)
+        t = torch.randint(0, v, (8192,), device="cuda")
+        t[::97] = -100  # ignored rows
+        t32 = t.to(torch.int32)
+        g = torch.randn(8192, device="cuda", dtype=torch.float32)
+        xbytes = 8192 * v * 2
+        copy = torch.empty_like(xv)
+        ms_copy = _bench(lambda: copy.copy_(xv))
+        row(case=f"copy 8192x{v} f16", tbs=round(2 * xbytes / ms_copy / 1e9, 3))
+    except Exception:  # noqa: BLE001
+        row(case=f"vocab {v} inputs", error=traceback.format_exc(limit=3)[-800:])
+        return
+    cases = (
+        ("softmax", f"softmax_vocab_{v}", lambda k: k(xv), lambda: soft(xv), 2 * xbytes),
+        ("cross-entropy", f"cross_entropy_{v}", lambda k: k(xv, t32), lambda: xent(xv, t), xbytes),
+        ("cross-entropy backward dX", f"cross_entropy_grad_{v}/grad/dX", lambda k: k(xv, t32, g),
+         lambda: xent_grad(xv, t, g), 2 * xbytes),
+    )
+    for what, build, ours, anchor, nb in cases:
+        try:
+            k = derivc.load(Path("/tmp/sr-bench") / build)
+            diff = (ours(k).float() - anchor().float()).abs().max().item()
+            ms_k, ms_c = _bench(lambda: ours(k)), _bench(anchor)
+            row(case=f"{what} 8192x{v}", derivc_tbs=round(nb / ms_k / 1e9, 3), compile_tbs=round(nb / ms_c / 1e9, 3),
+                ratio_compile=round(ms_c / ms_k, 3), vs_copy=round(ms_copy / ms_k * nb / (2 * xbytes), 3),
+                max_abs_diff=diff)
+        except Exception:  # noqa: BLE001
+            row(case=f"{what} 8192x{v}", error=traceback.format_exc(limit=3)[-800:])
 
 
 def main() -> None:
