@@ -131,3 +131,22 @@ def test_rows_of_different_offsets_are_not_peeled(tmp_path):
     d = derive(load_spec_file(path), str(path), seed=3)
     printed = print_kernel(lower(d.programs[-1], "rms"), ())
     assert printed.mapping == "rowwise" and not printed.plan.peeled and printed.plan.vec == 1
+
+
+def test_the_plan_counts_the_passes_over_each_row(tmp_path):
+    """The row mapping says how often each row is moved in memory: the cross-entropy reads X twice
+    (max, sum; the target's logit is one element), its dX three times (max, sum, the store's
+    exp) and writes dX once; the streaming softmax, whose row is cached, once."""
+    from compiler.derive_grad import derive_gradient
+
+    def plan(example: str):
+        path = ROOT / "examples" / f"{example}.yaml"
+        d = derive(load_spec_file(path), str(path), seed=3, check=False)
+        return print_kernel(lower(d.programs[-1], example), ()).plan
+
+    assert plan("cross_entropy").row_passes == (("X", 2),)
+    assert plan("softmax_online").row_passes == (("X", 1), ("Y", 1))
+    assert plan("softmax_vocab").row_passes == (("X", 3), ("Y", 1))
+    path = ROOT / "examples" / "cross_entropy_grad.yaml"
+    (dx,) = derive_gradient(load_spec_file(path), str(path), seed=3, check=False).kernels
+    assert print_kernel(lower(dx.final, "dx"), ()).plan.row_passes == (("X", 3), ("dX", 1))

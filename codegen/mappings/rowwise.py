@@ -113,6 +113,8 @@ class RowPlan:
     stream_hints: bool  # .cs loads of the staged rows and stores of the output
     mma: None = None  # no tensor-core instruction
     peeled: bool = False  # a fixed row cut at its first 16-byte boundary (rowwise_peel.py)
+    # per tensor, the sweeps over the row that load or store it in memory (not from registers)
+    row_passes: tuple[tuple[str, int], ...] = ()
 
 
 def _pieces(esize: int, vec: int) -> list[tuple[int, int, int]]:
@@ -185,6 +187,8 @@ class _Printer(DynamicRowSweeps, PeeledRowSweeps):
         self.tilebufs: dict[str, int] = {}  # tile buffer -> tile length
         self.tile: tuple[str, int, int] | None = None  # (tile loop var, tile length T, sweeps per tile)
         self.reductions: list[str] = []
+        self.moved: list[str] = []  # tensors loaded / stored in memory, in order (row_passes)
+        self.passes: dict[str, int] = {}
         self.tmp = 0
         self.lines: list[str] = []
         self.stream = any(isinstance(s, TileLoop) for s in k.body) if STREAM_HINTS is None else STREAM_HINTS
@@ -226,6 +230,7 @@ class _Printer(DynamicRowSweeps, PeeledRowSweeps):
         """V elements of tensor `name` at element offset `off` into floats dst[0..V) (vector loads of
         at most 16 bytes, elements taken from the loaded words by shifts: no type punning)."""
         dt = DTYPES[self.k.tensor(name).dtype]
+        self.moved.append(name)
         out = [f"float {dst}[{self.vec}];"]
         for piece, first, words in _pieces(dt.bytes, self.vec):
             q = self.fresh("q_")
@@ -250,6 +255,7 @@ class _Printer(DynamicRowSweeps, PeeledRowSweeps):
     def store_vec(self, name: str, off: str, values: list[str]) -> list[str]:
         """values (C floats, one per element) to tensor `name` at element offset `off`."""
         dt = DTYPES[self.k.tensor(name).dtype]
+        self.moved.append(name)
         out = []
         conv = [self.fresh("o_") for _ in values]
         for c, v in zip(conv, values):
@@ -271,6 +277,11 @@ class _Printer(DynamicRowSweeps, PeeledRowSweeps):
             else:
                 out.append(f"*reinterpret_cast<{_RAW[piece]}*>(p_{name} + {off} + {first}) = {val};")
         return out
+
+    def count_pass(self, mark: int) -> None:
+        """One more pass over the row for each tensor moved in memory since `mark`."""
+        for name in set(self.moved[mark:]):
+            self.passes[name] = self.passes.get(name, 0) + 1
 
     def sweep_row(self, make: Callable[[], list[str]]) -> list[str]:
         """The sweep over the row (not a tile) of the body `make` prints, by the row's kind."""
@@ -446,7 +457,9 @@ class _Printer(DynamicRowSweeps, PeeledRowSweeps):
                             f"    const float v_ = {value}; {step}", "}"]
 
         self.lines.append(f"float {acc} = {init};")
+        mark = len(self.moved)
         self.lines += self.sweep(body(), tile) if tile else self.sweep_row(body)
+        self.count_pass(mark)
         self.lines.append(f"{acc} = block_{e.op}<{self.block // 32}>({acc}, red_smem_);")
         self.reductions.append(f"{e.op} over {e.var}")
         return acc
@@ -506,12 +519,14 @@ class _Printer(DynamicRowSweeps, PeeledRowSweeps):
         self.row_dim_ok(v.tensor)
         dst = self.fresh("ld_")
         self.lines.append(f"float xb_{b.name}[{self.sweeps}][{self.vec}];")
+        mark = len(self.moved)
         body = self.load_vec(v.tensor, self.offset(v.tensor, lead, "col0"), dst, stream=self.stream)
         body += ["#pragma unroll", f"for (int j = 0; j < {self.vec}; ++j) xb_{b.name}[k][j] = {dst}[j];"]
         if self.tail:
             self.lines += ["#pragma unroll", f"for (int k = 0; k < {self.sweeps}; ++k) {{", "    #pragma unroll",
                            f"    for (int j = 0; j < {self.vec}; ++j) xb_{b.name}[k][j] = 0.0f;", "}"]
         self.lines += self.sweep(body)
+        self.count_pass(mark)
         self.cached[b.name] = b.source
 
     def compute(self, s: Compute) -> None:
@@ -595,7 +610,9 @@ class _Printer(DynamicRowSweeps, PeeledRowSweeps):
             out_ = loads + [f"float ov_[{self.vec}];", "#pragma unroll", f"for (int j = 0; j < {self.vec}; ++j) ov_[j] = {value};"]
             return out_ + self.store_vec(out.name, self.offset(out.name, lead, "col0"), [f"ov_[{j}]" for j in range(self.vec)])
 
+        mark = len(self.moved)
         self.lines += self.sweep_row(body)
+        self.count_pass(mark)
 
 
 def render(k: Kernel, options: tuple[str, ...]) -> tuple[KernelSource, Launch, RowPlan]:
@@ -660,10 +677,13 @@ def _render(k: Kernel, options: tuple[str, ...]) -> tuple[KernelSource, Launch, 
     params.append(f"{DTYPES[out.dtype].ctype}* __restrict__ p_{out.name}")
     params += [f"int sz_{n}" for n in k.dynamic()]
     grid = [f"const long long v_{g.var} = blockIdx.{g.axis};" for g in k.grid]
+    passes = tuple(sorted(p.passes.items()))
     plan = RowPlan(p.threads, p.block, p.row, p.vec, p.sweeps, p.tail, tuple(p.cached), tuple(p.reductions), p.stream,
-                   peeled=p.peeled)
+                   peeled=p.peeled, row_passes=passes)
     ctx = dict(kname=k.name, threads=p.block, params=", ".join(params), grid=grid,
-               body=lines, summary=f"rowwise: {p.threads} threads per row, "
+               body=lines, summary=f"rowwise: {', '.join(f'{n} {c}x' for n, c in passes)} over the row in memory"
+                                   + (" past its register prefix" if p.row is None and p.reused else "")
+                                   + f", {p.threads} threads per row, "
                                    + (f"{p.sweeps} x {p.vec} elements per thread from the row's first 16-byte "
                                       "boundary (head and tail one element per thread)" if p.peeled else
                                       f"{p.sweeps} x {p.vec} elements per thread" if p.sweeps else
