@@ -110,6 +110,7 @@ def derive_gradient(spec: SpecFile, file: str = "", *, seed: int | None = None, 
     ir0, gradient = gradient_program(spec, file)
     record: dict[str, Any] = {"rule": RULE, "kind": "GRAD", "of": gradient.of, "wrt": list(decl.wrt),
                               "seed_tensor": gradient.seed, "grads": dict(gradient.grads),
+                              "stabilisers": list(gradient.stabilisers),
                               "theorem": None, "validated": "numerically",
                               "after_hash": gradient.program.digest()}
     if check:

@@ -22,6 +22,9 @@ go to b, as torch.relu's gradient at 0); a max reduction → the indicator of it
 their derivatives; `where` and guards route the adjoint to the taken branch; softmax's row
 vector-Jacobian product P ∘ (g − Σ P·g), summed over the softmax's own position index (no
 δ-sum appears); constants, index values and gt have derivative 0.
+A forward definition the output does not depend on whatever its value (a stabilising row max M,
+read only through exp(· − M) and M + log Σ exp(· − M): compiler/grad_shift.py) has adjoint 0: its
+reads are constants here, so no indicator of the maximum and no second max appear.
 
 Soundness is checked numerically (compiler/grad_check.py: central finite differences of the
 forward program in float64); the step is recorded as validated numerically, not proved.
@@ -33,6 +36,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .errors import DerivationError
+from .grad_shift import stabilisers
 from .ir import (
     Aff, Bin, Cond, Const, Def, Expr, Ext, Loop, Program, Read, Reduce, Select, Softmax, TensorType, Un,
     all_binders, fresh, names_in_program, subst_index, tensors_read,
@@ -49,6 +53,9 @@ class Gradient:
     of: str
     seed: str
     grads: tuple[tuple[str, str], ...]
+    # forward definitions the output does not depend on (a row max read only through
+    # exp(· − M) and M + log Σ exp(· − M)): adjoint 0, not pushed through (compiler/grad_shift.py)
+    stabilisers: tuple[str, ...] = ()
 
     @property
     def outputs(self) -> tuple[str, ...]:
@@ -303,7 +310,8 @@ def differentiate(prog: Program, of: str, wrt: Sequence[str], seed: str,
             raise DerivationError(RULE, f"{d.name} is not a statement of the spec (a scheduled program)")
     upto = [d.name for d in prog.defs].index(of)
     fwd = prog.defs[: upto + 1]
-    diff = _Differentiator(prog, frozenset(d.name for d in fwd) | frozenset(wrt))
+    steady = frozenset(stabilisers(prog, of))
+    diff = _Differentiator(prog, frozenset(d.name for d in fwd if d.name not in steady) | frozenset(wrt))
     names = dict(names or {})
     grad_names = {x: names.get(x) or diff.fresh("d" + x) for x in wrt}
     for g in grad_names.values():
@@ -345,7 +353,8 @@ def differentiate(prog: Program, of: str, wrt: Sequence[str], seed: str,
         output=grad_defs[0].name,
         facts=(("grad_of", of), ("also_outputs", ",".join(d.name for d in grad_defs))),
     )
-    return Gradient(program, of, seed, tuple((x, grad_names[x]) for x in wrt))
+    return Gradient(program, of, seed, tuple((x, grad_names[x]) for x in wrt),
+                    tuple(d.name for d in fwd if d.name in steady))
 
 
 def needed_defs(defs: list[Def], roots: set[str]) -> list[Def]:

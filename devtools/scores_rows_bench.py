@@ -4,10 +4,13 @@ compiled with the same score_mod / mask_mod / block mask; torch.compile for the 
 - soft-capping (30·tanh(s/30), causal) and prefix-LM (j <= i || j < 1024) attention, d128, 16 heads,
   16k tokens, seqlen 4k and 16k; FLOPs of the unmasked area (4·B·H·N²·D × its fraction);
 - softmax / RMSNorm / LayerNorm with a dynamic row against the fixed-width kernel at 8192 x 8192;
-- softmax over 8192 x 50257 (vocabulary width) and cross-entropy against torch.compile, as TB/s
-  of the bytes the op must move (read X once, write Y once).
+- softmax, cross-entropy and the cross-entropy backward (dX) over 8192 x 50257 and 8192 x 128256
+  against torch.compile and the copy of X, as TB/s of the bytes the op must move (softmax: X read,
+  Y written; cross-entropy: X read; its backward: X read, dX written); vs_copy is the copy's time
+  per byte over ours.
 
-    python3 devtools/scores_rows_bench.py     # writes $OUT/scores_rows.json
+    python3 devtools/scores_rows_bench.py          # writes $OUT/scores_rows.json
+    python3 devtools/scores_rows_bench.py --rows   # the rows part only (< 3 min)
 
 A developer script: not part of the package, no test imports it.
 """
@@ -19,10 +22,13 @@ import sys
 import traceback
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 OUT = Path(os.environ.get("OUT", "/tmp"))
 RES: list[dict] = []
+VOCABS = (50257, 128256)  # GPT-2's vocabulary, Llama 3's
 
 
 def row(**k) -> None:
@@ -87,7 +93,74 @@ def attention() -> None:
                 row(case=f"{name} N={n}", error=traceback.format_exc(limit=3)[-800:])
 
 
+def _build(spec: dict) -> Path:
+    """Build a spec (a dict) without proofs into /tmp/sr-bench/<name> (kept between runs)."""
+    from compiler.cli import build_to
+
+    out = Path("/tmp/sr-bench") / spec["name"]
+    if not (out / "kernel.cu").exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        path = out.parent / f"{spec['name']}.yaml"
+        path.write_text(yaml.safe_dump(spec, sort_keys=False))
+        build_to(path, out, proofs=False, seed=1)
+    return out
+
+
+def _spec(example: str, name: str | None = None, **sizes) -> dict:
+    spec = yaml.safe_load((ROOT / "examples" / f"{example}.yaml").read_text())
+    spec["sizes"].update(sizes)
+    spec["name"] = name or example
+    return spec
+
+
+def _threads(spec: dict, kernel: str, count: int) -> dict:
+    """spec with the backward kernel's PARALLEL-to-thread count set (at 128256 columns the dX
+    kernel takes 1024 threads: with 256 ptxas spills its partly unrolled sweeps)."""
+    for k in spec["grad"]["kernels"]:
+        for st in k["schedule"] if k["output"] == kernel else ():
+            if st["rule"] == "parallel" and st.get("to") == "thread":
+                st["count"] = count
+    return spec
+
+
+def _forward_threads(spec: dict, count: int) -> dict:
+    """spec with its column loop over `count` threads (the dynamic softmax / RMSNorm take 128)."""
+    for st in spec["schedule"]:
+        if st["rule"] == "parallel" and st.get("to") == "thread":
+            st["count"] = count
+    spec["name"] += f"_t{count}"
+    return spec
+
+
+ROW_SPECS = [_spec(e) for e in ("softmax_online", "softmax_dynamic", "rmsnorm", "rmsnorm_dynamic", "layernorm",
+                                "layernorm_dynamic")] + [
+    _forward_threads(_spec(e), 256) for e in ("softmax_dynamic", "rmsnorm_dynamic")] + [
+    _spec(e, f"{e}_{c}", C=c) for e in ("softmax_vocab", "cross_entropy") for c in VOCABS] + [
+    _spec("cross_entropy_grad", "cross_entropy_grad_50257", C=50257),
+    _threads(_spec("cross_entropy_grad", "cross_entropy_grad_128256", C=128256), "dX", 1024)]
+
+
+def build_all() -> None:
+    """Every build of the rows part, in parallel processes (a build is CPU-bound)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=min(12, os.cpu_count() or 1)) as pool:
+        for spec, res in zip(ROW_SPECS, pool.map(_try_build, ROW_SPECS)):
+            if res:
+                row(case=f"build {spec['name']}", error=res)
+
+
+def _try_build(spec: dict) -> str:
+    try:
+        _build(spec)
+        return ""
+    except Exception:  # noqa: BLE001 - reported per build
+        return traceback.format_exc(limit=3)[-800:]
+
+
 def rows() -> None:
+    """Dynamic-width vs fixed-width rows at 8192 x 8192 (the same bytes: X read, Y written)."""
+    import derivc
     import torch
 
     r, c = 8192, 8192
@@ -95,49 +168,92 @@ def rows() -> None:
     w = torch.randn(c, device="cuda", dtype=torch.float16)
     bias = torch.randn(c, device="cuda", dtype=torch.float16)
     nbytes = 2 * r * c * 2
+    copy = torch.empty_like(x)
+    ms_copy = _bench(lambda: copy.copy_(x))
+    row(case="copy 8192x8192 f16", tbs=round(nbytes / ms_copy / 1e9, 3))
     for fixed, dynamic, args in (("softmax_online", "softmax_dynamic", (x,)), ("rmsnorm", "rmsnorm_dynamic", (x, w)),
                                  ("layernorm", "layernorm_dynamic", (x, w, bias))):
         try:
-            kf, kd = _load(fixed), _load(dynamic)
-            n_in = len(kf.inputs)
-            a = args[:n_in]
+            kf, kd = derivc.load(_build(_spec(fixed))), derivc.load(_build(_spec(dynamic)))
+            a = args[: len(kf.inputs)]
             ms_f, ms_d = _bench(lambda: kf(*a)), _bench(lambda: kd(*a))
             diff = (kf(*a).float() - kd(*a).float()).abs().max().item()
             row(case=f"{dynamic} vs {fixed} 8192x8192", fixed_tbs=round(nbytes / ms_f / 1e9, 3),
                 dynamic_tbs=round(nbytes / ms_d / 1e9, 3), dynamic_vs_fixed=round(ms_f / ms_d, 3), max_abs_diff=diff)
+            if dynamic != "layernorm_dynamic":  # the same kernel over 256 threads (the example: 128)
+                k2 = derivc.load(_build(_forward_threads(_spec(dynamic), 256)))
+                ms_2 = _bench(lambda: k2(*a))
+                row(case=f"{dynamic} 256 threads vs {fixed} 8192x8192", dynamic_tbs=round(nbytes / ms_2 / 1e9, 3),
+                    dynamic_vs_fixed=round(ms_f / ms_2, 3))
         except Exception:  # noqa: BLE001
             row(case=f"{dynamic}", error=traceback.format_exc(limit=3)[-800:])
-    copy = torch.empty_like(x)
-    ms_copy = _bench(lambda: copy.copy_(x))
-    row(case="copy 8192x8192 f16", tbs=round(nbytes / ms_copy / 1e9, 3))
-    v = 50257
-    xv = torch.randn(8192, v, device="cuda", dtype=torch.float16)
-    t = torch.randint(0, v, (8192,), device="cuda")
-    vbytes = 2 * 8192 * v * 2
+
+
+def vocab() -> None:
+    """Softmax, cross-entropy and its backward over vocabulary rows (8192 x 50257, 8192 x 128256)
+    against torch.compile and a device copy of X, TB/s of the bytes each op must move: softmax X
+    read + Y written, cross-entropy X read once, its backward X read + dX written."""
+    import torch
+    import torch.nn.functional as F
+
+    soft = torch.compile(lambda z: torch.softmax(z.float(), dim=-1).half())
+    xent = torch.compile(lambda z, t: F.cross_entropy(z.float(), t, reduction="none"))
+
+    def xent_grad(z, t, g):  # dX = g (softmax(z) - onehot(t)), 0 on ignored rows (t = -100)
+        p = torch.softmax(z.float(), dim=-1)
+        hot = (torch.arange(z.shape[-1], device=z.device)[None, :] == t[:, None]).float()  # fused, not one_hot's int64
+        return ((p - hot) * torch.where(t >= 0, g, torch.zeros_like(g))[:, None]).half()
+
+    xent_grad_c = torch.compile(xent_grad)
+    for v in VOCABS:
+        _vocab_rows(v, soft, xent, xent_grad_c)
+        torch.cuda.empty_cache()
+
+
+def _vocab_rows(v: int, soft, xent, xent_grad) -> None:
+    """The rows of one vocabulary width (its tensors freed on return)."""
+    import derivc
+    import torch
+
     try:
-        k = _load("softmax_vocab")
-        ref = torch.compile(lambda z: torch.softmax(z.float(), dim=-1).half())
-        ms_k, ms_c = _bench(lambda: k(xv)), _bench(lambda: ref(xv))
-        diff = (k(xv).float() - ref(xv).float()).abs().max().item()
-        row(case="softmax 8192x50257", derivc_tbs=round(vbytes / ms_k / 1e9, 3), compile_tbs=round(vbytes / ms_c / 1e9, 3),
-            ratio_compile=round(ms_c / ms_k, 3), max_abs_diff=diff)
+        xv = torch.randn(8192, v, device="cuda", dtype=torch.float16)
+        t = torch.randint(0, v, (8192,), device="cuda")
+        t[::97] = -100  # ignored rows
+        t32 = t.to(torch.int32)
+        g = torch.randn(8192, device="cuda", dtype=torch.float32)
+        xbytes = 8192 * v * 2
+        copy = torch.empty_like(xv)
+        ms_copy = _bench(lambda: copy.copy_(xv))
+        row(case=f"copy 8192x{v} f16", tbs=round(2 * xbytes / ms_copy / 1e9, 3))
     except Exception:  # noqa: BLE001
-        row(case="softmax_vocab", error=traceback.format_exc(limit=3)[-800:])
-    try:
-        k = _load("cross_entropy")
-        tf = t.float()
-        ref = torch.compile(lambda z, tt: torch.nn.functional.cross_entropy(z.float(), tt, reduction="none"))
-        ms_k, ms_c = _bench(lambda: k(xv, tf)), _bench(lambda: ref(xv, t))
-        diff = (k(xv, tf).float() - ref(xv, t).float()).abs().max().item()
-        row(case="cross-entropy 8192x50257", derivc_tbs=round(vbytes / 2 / ms_k / 1e9, 3),
-            compile_tbs=round(vbytes / 2 / ms_c / 1e9, 3), ratio_compile=round(ms_c / ms_k, 3), max_abs_diff=diff)
-    except Exception:  # noqa: BLE001
-        row(case="cross_entropy", error=traceback.format_exc(limit=3)[-800:])
+        row(case=f"vocab {v} inputs", error=traceback.format_exc(limit=3)[-800:])
+        return
+    cases = (
+        ("softmax", f"softmax_vocab_{v}", lambda k: k(xv), lambda: soft(xv), 2 * xbytes),
+        ("cross-entropy", f"cross_entropy_{v}", lambda k: k(xv, t32), lambda: xent(xv, t), xbytes),
+        ("cross-entropy backward dX", f"cross_entropy_grad_{v}/grad/dX", lambda k: k(xv, t32, g),
+         lambda: xent_grad(xv, t, g), 2 * xbytes),
+    )
+    for what, build, ours, anchor, nb in cases:
+        try:
+            k = derivc.load(Path("/tmp/sr-bench") / build)
+            diff = (ours(k).float() - anchor().float()).abs().max().item()
+            ms_k, ms_c = _bench(lambda: ours(k)), _bench(anchor)
+            row(case=f"{what} 8192x{v}", derivc_tbs=round(nb / ms_k / 1e9, 3), compile_tbs=round(nb / ms_c / 1e9, 3),
+                ratio_compile=round(ms_c / ms_k, 3), vs_copy=round(ms_copy / ms_k * nb / (2 * xbytes), 3),
+                max_abs_diff=diff)
+        except Exception:  # noqa: BLE001
+            row(case=f"{what} 8192x{v}", error=traceback.format_exc(limit=3)[-800:])
 
 
 def main() -> None:
-    attention()
+    """--rows: the rows part only (builds in parallel, < 3 min on an H200)."""
+    only_rows = "--rows" in sys.argv[1:]
+    if not only_rows:
+        attention()
+    build_all()
     rows()
+    vocab()
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Fused cross-entropy on the CPU: loss[r] = logsumexp_c X[r, c] - X[r, T[r]] with an i32 target
 and its gather (examples/cross_entropy.yaml), and the gradient dX = dloss (softmax(X) - onehot(T)),
 the target's logit written as a row sum against the gt-one-hot of an integer-valued f32 target
-(examples/pending/cross_entropy_grad.yaml: its obligations are not generated yet, see the file).
+(examples/cross_entropy_grad.yaml; its own tests: tests/test_cross_entropy_grad.py).
 
 - the forward and the dX kernel are printed by the rowwise mapping (a row kernel that stores one
   value per row: no lane) and run through the CPU emulation with integer targets against numpy
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.xdist_group("cross_entropy")
 
 
 def _spec_file(tmp: Path, C: int | str, grad: bool) -> Path:
-    source = ROOT / "examples" / "pending" / "cross_entropy_grad.yaml" if grad else ROOT / "examples" / "cross_entropy.yaml"
+    source = ROOT / "examples" / "cross_entropy_grad.yaml" if grad else ROOT / "examples" / "cross_entropy.yaml"
     doc = yaml.safe_load(source.read_text())
     doc["sizes"]["C"] = C
     if C == "dynamic":

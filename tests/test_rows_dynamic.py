@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from codegen.emu import EmuError
 from codegen.kernel_check import KernelCheckError, check_kernel_text
 from codegen.kir.interp import validate
 from codegen.kir.lower import lower
@@ -125,3 +126,23 @@ def test_register_prefix_then_memory_and_a_late_remainder_is_caught():
     late = _with_text(printed, f"for (int k = {prefix}; (long long)k * 2048", f"for (int k = {prefix + 1}; (long long)k * 2048")
     with pytest.raises(KernelCheckError):
         check_kernel_text(late, d.programs[-1], {"R": 2, "C": 9000}, seed=3)
+
+
+def test_a_covered_prefix_has_no_row_end_guard(dynamic_example):
+    """Where the row covers the register prefix, the prefix sweeps have no per-vector guard (their
+    loads are independent: all in flight at once, as in the fixed-width kernel)."""
+    _, _, printed = dynamic_example
+    plan = printed.plan
+    src = printed.variants[0].source.source
+    cols = 8192
+    assert src.count(f"if ((long long)(sz_C) >= {cols}LL) {{") >= 2  # each sweep, both vector widths
+    covered = src.split(f"if ((long long)(sz_C) >= {cols}LL) {{", 1)[1].split("} else {", 1)[0]
+    assert "col0 < (long long)(sz_C)" not in covered and f"for (int k = 0; k < {cols // (plan.threads * 8)}; ++k)" in covered
+
+
+@pytest.mark.parametrize("width", [1000, 4097])
+def test_a_prefix_taken_as_covered_too_early_is_caught(width):
+    d, kernel = _derived("layernorm_dynamic")
+    printed = _with_text(print_kernel(kernel, ()), "if ((long long)(sz_C) >= 8192LL) {", "if ((long long)(sz_C) >= 512LL) {")
+    with pytest.raises((KernelCheckError, EmuError)):
+        check_kernel_text(printed, d.programs[-1], {"R": 3, "C": width}, seed=1)

@@ -35,6 +35,7 @@ dynamic length is refused by name.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from compiler.ir import Aff, Bin, Const, DataCond, DataRead, Expr, IndexValue, Read, Reduce, Select, Un, walk
 from compiler.ir import Mapping as IrMapping
@@ -42,6 +43,7 @@ from compiler.machine import DTYPES
 
 from .cexpr import aff_c, conds_c, data_read_c, float_const_c, gt_c, index_value_c, size_names, unary_c
 from .rowwise_dynamic import DynamicRowSweeps
+from .rowwise_peel import PeeledRowSweeps, can_peel, uniform
 from ..kir.ir import Compute, Kernel, LaneDim, Stage, TileLoop, sub_expressions
 from ..kir.lower import UnsupportedMapping
 from ..source import KernelSource, Launch
@@ -110,6 +112,9 @@ class RowPlan:
     reductions: tuple[str, ...]
     stream_hints: bool  # .cs loads of the staged rows and stores of the output
     mma: None = None  # no tensor-core instruction
+    peeled: bool = False  # a fixed row cut at its first 16-byte boundary (rowwise_peel.py)
+    # per tensor, the sweeps over the row that load or store it in memory (not from registers)
+    row_passes: tuple[tuple[str, int], ...] = ()
 
 
 def _pieces(esize: int, vec: int) -> list[tuple[int, int, int]]:
@@ -131,9 +136,10 @@ def _fixed(a: Aff, k: Kernel) -> int | None:
     return a.const if a.is_const() else None
 
 
-class _Printer(DynamicRowSweeps):
-    def __init__(self, k: Kernel, vec: int | None = None):
-        """vec: the vector width of a row of dynamic length (the caller prints one body per width)."""
+class _Printer(DynamicRowSweeps, PeeledRowSweeps):
+    def __init__(self, k: Kernel, vec: int | None = None, peel: bool = False):
+        """vec: the vector width of a row of dynamic length (the caller prints one body per width);
+        peel: a fixed row the vector does not divide is cut at its first 16-byte boundary."""
         self.k = k
         if len(k.lanes) > 1:
             raise _refuse(f"the kernel is not one row per block: {len(k.lanes)} lane dimensions (one column loop expected)")
@@ -167,6 +173,13 @@ class _Printer(DynamicRowSweeps):
             self.vec = next(v for v in (16 // width, 8, 4, 2, 1) if v <= 16 // width and self.row % v == 0)
             self.sweeps = -(-self.row // (self.threads * self.vec))
             self.tail = self.row % (self.threads * self.vec) != 0 or self.block != self.threads
+        self.peeled = peel and self.row is not None and can_peel(k, self.row, self.vec, width)
+        if self.peeled:
+            assert self.row is not None
+            self.vec = 16 // width
+            self.sweeps = -(-(self.row // self.vec) // self.threads)  # whole vectors past any head
+            self.tail = True
+        self.row_accesses: set[tuple[str, tuple[Aff, ...]]] = set()
         self.init_dynamic(k, self.col)
         self.cached: dict[str, str] = {}  # row buffer -> source tensor
         self.scalars: set[str] = set()
@@ -174,6 +187,8 @@ class _Printer(DynamicRowSweeps):
         self.tilebufs: dict[str, int] = {}  # tile buffer -> tile length
         self.tile: tuple[str, int, int] | None = None  # (tile loop var, tile length T, sweeps per tile)
         self.reductions: list[str] = []
+        self.moved: list[str] = []  # tensors loaded / stored in memory, in order (row_passes)
+        self.passes: dict[str, int] = {}
         self.tmp = 0
         self.lines: list[str] = []
         self.stream = any(isinstance(s, TileLoop) for s in k.body) if STREAM_HINTS is None else STREAM_HINTS
@@ -201,6 +216,8 @@ class _Printer(DynamicRowSweeps):
         return lead
 
     def offset(self, name: str, lead: tuple[Aff, ...], last: str) -> str:
+        if last == "col0":
+            self.row_accesses.add((name, lead))
         parts = [f"(long long){aff_c(a, self.names)} * {s}" for a, s in zip(lead, self.strides(name))]
         return " + ".join(parts + [last])
 
@@ -213,6 +230,7 @@ class _Printer(DynamicRowSweeps):
         """V elements of tensor `name` at element offset `off` into floats dst[0..V) (vector loads of
         at most 16 bytes, elements taken from the loaded words by shifts: no type punning)."""
         dt = DTYPES[self.k.tensor(name).dtype]
+        self.moved.append(name)
         out = [f"float {dst}[{self.vec}];"]
         for piece, first, words in _pieces(dt.bytes, self.vec):
             q = self.fresh("q_")
@@ -237,6 +255,7 @@ class _Printer(DynamicRowSweeps):
     def store_vec(self, name: str, off: str, values: list[str]) -> list[str]:
         """values (C floats, one per element) to tensor `name` at element offset `off`."""
         dt = DTYPES[self.k.tensor(name).dtype]
+        self.moved.append(name)
         out = []
         conv = [self.fresh("o_") for _ in values]
         for c, v in zip(conv, values):
@@ -258,6 +277,19 @@ class _Printer(DynamicRowSweeps):
             else:
                 out.append(f"*reinterpret_cast<{_RAW[piece]}*>(p_{name} + {off} + {first}) = {val};")
         return out
+
+    def count_pass(self, mark: int) -> None:
+        """One more pass over the row for each tensor moved in memory since `mark`."""
+        for name in set(self.moved[mark:]):
+            self.passes[name] = self.passes.get(name, 0) + 1
+
+    def sweep_row(self, make: Callable[[], list[str]]) -> list[str]:
+        """The sweep over the row (not a tile) of the body `make` prints, by the row's kind."""
+        if self.sweeps is None:
+            return self.sweep_dynamic(make)
+        if self.peeled:
+            return self.sweep_peeled(make, "#pragma unroll" if self.sweeps <= MAX_UNROLLED_SWEEPS else "#pragma unroll 4")
+        return self.sweep(make())
 
     def sweep(self, body: list[str], tile: bool = False) -> list[str]:
         """Run body for each of this thread's vectors (k, col0) of the row, or of the current tile
@@ -425,7 +457,9 @@ class _Printer(DynamicRowSweeps):
                             f"    const float v_ = {value}; {step}", "}"]
 
         self.lines.append(f"float {acc} = {init};")
-        self.lines += self.sweep_dynamic(body) if self.sweeps is None else self.sweep(body(), tile)
+        mark = len(self.moved)
+        self.lines += self.sweep(body(), tile) if tile else self.sweep_row(body)
+        self.count_pass(mark)
         self.lines.append(f"{acc} = block_{e.op}<{self.block // 32}>({acc}, red_smem_);")
         self.reductions.append(f"{e.op} over {e.var}")
         return acc
@@ -485,12 +519,14 @@ class _Printer(DynamicRowSweeps):
         self.row_dim_ok(v.tensor)
         dst = self.fresh("ld_")
         self.lines.append(f"float xb_{b.name}[{self.sweeps}][{self.vec}];")
+        mark = len(self.moved)
         body = self.load_vec(v.tensor, self.offset(v.tensor, lead, "col0"), dst, stream=self.stream)
         body += ["#pragma unroll", f"for (int j = 0; j < {self.vec}; ++j) xb_{b.name}[k][j] = {dst}[j];"]
         if self.tail:
             self.lines += ["#pragma unroll", f"for (int k = 0; k < {self.sweeps}; ++k) {{", "    #pragma unroll",
                            f"    for (int j = 0; j < {self.vec}; ++j) xb_{b.name}[k][j] = 0.0f;", "}"]
         self.lines += self.sweep(body)
+        self.count_pass(mark)
         self.cached[b.name] = b.source
 
     def compute(self, s: Compute) -> None:
@@ -574,7 +610,9 @@ class _Printer(DynamicRowSweeps):
             out_ = loads + [f"float ov_[{self.vec}];", "#pragma unroll", f"for (int j = 0; j < {self.vec}; ++j) ov_[j] = {value};"]
             return out_ + self.store_vec(out.name, self.offset(out.name, lead, "col0"), [f"ov_[{j}]" for j in range(self.vec)])
 
-        self.lines += self.sweep_dynamic(body) if self.sweeps is None else self.sweep(body())
+        mark = len(self.moved)
+        self.lines += self.sweep_row(body)
+        self.count_pass(mark)
 
 
 def render(k: Kernel, options: tuple[str, ...]) -> tuple[KernelSource, Launch, RowPlan]:
@@ -585,8 +623,8 @@ def render(k: Kernel, options: tuple[str, ...]) -> tuple[KernelSource, Launch, R
         raise _refuse(f"index {exc.args[0]}") from None
 
 
-def _body(k: Kernel, vec: int | None = None) -> _Printer:
-    p = _Printer(k, vec)
+def _body(k: Kernel, vec: int | None = None, peel: bool = False) -> _Printer:
+    p = _Printer(k, vec, peel)
     for s in k.body:
         if isinstance(s, Stage):
             p.stage(s)
@@ -622,15 +660,33 @@ def _render(k: Kernel, options: tuple[str, ...]) -> tuple[KernelSource, Launch, 
             lines = ([f"if ({_aligned(k, wide)}) {{"] + ["    " + x for x in wide.lines] + ["} else {"]
                      + ["    " + x for x in p.lines] + ["}"])
             p = wide
+    else:
+        peeled = _body(k, peel=True)
+        if peeled.peeled and uniform(k, peeled.row_accesses):
+            # vectors from each row's first 16-byte boundary where the bases share their place in
+            # a 16-byte word (then every row access has the same head), one element per access otherwise
+            names = sorted({n for n, _ in peeled.row_accesses})
+            same = [f"((reinterpret_cast<unsigned long long>(p_{names[0]}) ^ reinterpret_cast<unsigned long long>(p_{n})) & 15ULL) == 0"
+                    for n in names[1:]]
+            body = peeled.head_lines(peeled.offset) + peeled.lines
+            lines = ([f"if ({' && '.join(same)}) {{"] + ["    " + x for x in body] + ["} else {"]
+                     + ["    " + x for x in p.lines] + ["}"]) if same else body
+            p = peeled
     out = k.output
     params = [f"const {DTYPES[t.dtype].ctype}* __restrict__ p_{t.name}" for t in k.inputs]
     params.append(f"{DTYPES[out.dtype].ctype}* __restrict__ p_{out.name}")
     params += [f"int sz_{n}" for n in k.dynamic()]
     grid = [f"const long long v_{g.var} = blockIdx.{g.axis};" for g in k.grid]
-    plan = RowPlan(p.threads, p.block, p.row, p.vec, p.sweeps, p.tail, tuple(p.cached), tuple(p.reductions), p.stream)
+    passes = tuple(sorted(p.passes.items()))
+    plan = RowPlan(p.threads, p.block, p.row, p.vec, p.sweeps, p.tail, tuple(p.cached), tuple(p.reductions), p.stream,
+                   peeled=p.peeled, row_passes=passes)
     ctx = dict(kname=k.name, threads=p.block, params=", ".join(params), grid=grid,
-               body=lines, summary=f"rowwise: {p.threads} threads per row, "
-                                   + (f"{p.sweeps} x {p.vec} elements per thread" if p.sweeps else
+               body=lines, summary=f"rowwise: {', '.join(f'{n} {c}x' for n, c in passes)} over the row in memory"
+                                   + (" past its register prefix" if p.row is None and p.reused else "")
+                                   + f", {p.threads} threads per row, "
+                                   + (f"{p.sweeps} x {p.vec} elements per thread from the row's first 16-byte "
+                                      "boundary (head and tail one element per thread)" if p.peeled else
+                                      f"{p.sweeps} x {p.vec} elements per thread" if p.sweeps else
                                       f"a row of dynamic length {p.row_aff} in sweeps of {p.threads} x {p.vec} "
                                       "(x 1 where unaligned)"))
     src = render_template("rowwise.cu.j2", ctx)

@@ -54,6 +54,7 @@ class DynamicRowSweeps:
         self.prefix = max(1, min(REGISTER_ROW_COLUMNS // (self.threads * self.vec), REGISTER_ROW_FLOATS // self.vec))
         self.in_registers = False  # printing the prefix loop's body
         self.register_rows: dict[RowKey, str] = {}  # reused row -> its register array
+        self.named_rows: dict[RowKey, str] = {}  # arrays the other copy of this prefix declared
         self.declarations: list[str] = []  # register arrays to declare before the current sweep
 
     def register_read(self, key: RowKey, load: Callable[[str], list[str]], loads: list[str]) -> str | None:
@@ -65,30 +66,46 @@ class DynamicRowSweeps:
         name = self.register_rows.get(key)
         if name is not None:
             return f"{name}[k][j]"
-        name = self.fresh("xr_")  # type: ignore[attr-defined]
+        name = self.named_rows.get(key)
+        if name is None:
+            name = self.fresh("xr_")  # type: ignore[attr-defined]
+            self.declarations.append(f"float {name}[{self.prefix}][{self.vec}];")
         self.register_rows[key] = name
-        self.declarations.append(f"float {name}[{self.prefix}][{self.vec}];")
         dst = self.fresh("rd_")  # type: ignore[attr-defined]
         loads += load(dst)
         loads += ["#pragma unroll", f"for (int j = 0; j < {self.vec}; ++j) {name}[k][j] = {dst}[j];"]
         return f"{name}[k][j]"
 
     def sweep_dynamic(self, make: Callable[[], list[str]]) -> list[str]:
-        """The sweep over a dynamic row of the body `make` prints: the register prefix, then the rest."""
+        """The sweep over a dynamic row of the body `make` prints: the register prefix, then the rest.
+        The prefix is printed twice: without the row-end guard where the row covers it (every
+        column of it exists: its loads are independent, the compiler issues them all at once, as
+        in a fixed-width kernel), and guarded for a shorter row (a guard per vector orders them)."""
         self.in_registers = True
+        before = dict(self.register_rows)
         try:
             prefix = make()
+            # the guarded copy (the other branch) loads the same register rows into the same arrays
+            self.named_rows, self.register_rows = dict(self.register_rows), before
+            prefix_short = make()
         finally:
             self.in_registers = False
+            self.named_rows = {}
         rest = make()
         decls, self.declarations = self.declarations, []
-        live = f"col0 < {self.row_c}" + (f" && threadIdx.x < {self.threads}" if self.block != self.threads else "")
+        owner = f"threadIdx.x < {self.threads}" if self.block != self.threads else ""
+        live = f"col0 < {self.row_c}" + (f" && {owner}" if owner else "")
         col0 = f"    const long long col0 = ((long long)k * {self.threads} + threadIdx.x) * {self.vec};"
 
-        def loop(head: list[str], body: list[str]) -> list[str]:
-            return head + [col0, f"    if ({live}) {{"] + ["        " + x for x in body] + ["    }", "}"]
+        def loop(head: list[str], body: list[str], guard: str) -> list[str]:
+            if not guard:
+                return head + [col0] + ["    " + x for x in body] + ["}"]
+            return head + [col0, f"    if ({guard}) {{"] + ["        " + x for x in body] + ["    }", "}"]
 
-        return (decls + loop(["#pragma unroll", f"for (int k = 0; k < {self.prefix}; ++k) {{"], prefix)
+        unrolled = ["#pragma unroll", f"for (int k = 0; k < {self.prefix}; ++k) {{"]
+        covered = f"{self.row_c} >= {self.prefix * self.threads * self.vec}LL"
+        return (decls + [f"if ({covered}) {{"] + ["    " + x for x in loop(unrolled, prefix, owner)] + ["} else {"]
+                + ["    " + x for x in loop(unrolled, prefix_short, live)] + ["}"]
                 + loop(["#pragma unroll 1",
                         f"for (int k = {self.prefix}; (long long)k * {self.threads * self.vec} < {self.row_c}; ++k) {{"],
-                       rest))
+                       rest, live))

@@ -1,7 +1,8 @@
 """Rows of any width on the GPU against float64: the dynamic-width softmax / LayerNorm / RMSNorm
 (one kernel for every width: tails, widths 1 and 7, the vector path at multiples of 8, the scalar
 path at odd widths and at an unaligned base), the fixed widths 1000 and 50257 (not divided by
-the thread count), softmax checked against torch.softmax in float64 as well."""
+the thread count), softmax checked against torch.softmax in float64 as well; the fused
+cross-entropy forward and its derived gradient dX against torch's F.cross_entropy in float64."""
 from __future__ import annotations
 
 import pytest
@@ -80,3 +81,50 @@ def test_cross_entropy_against_torch_float64(tmp_path, C):
         ref = torch.nn.functional.cross_entropy(x.double(), t, reduction="none")  # ignore_index -100: 0
         err = (loss.double() - ref).abs().max().item()
         assert err <= 1e-4 * max(1.0, ref.abs().max().item()), (R, scale, err)
+
+
+def _cross_entropy_rows(R: int, C: int, seed: int):
+    """Logits x4 with an ignored row (-100), all-equal logits, logits ±1e4 with one winner (the
+    target on a loser), targets at the ends 0 and C - 1."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    x = (torch.randn(R, C, device="cuda", generator=gen, dtype=torch.float32) * 4).to(torch.float16)
+    t = torch.randint(0, C, (R,), device="cuda", generator=gen)
+    if R >= 5:
+        x[2] = 3.0
+        x[3] = torch.where(torch.rand(C, device="cuda", generator=gen) < 0.5, -1e4, 1e4).to(torch.float16)
+        x[3, C // 2] = 1e4
+        t[:5] = torch.tensor([C - 1, -100, 0, int(torch.argmin(x[3])), C - 1], device="cuda")
+    return x, t
+
+
+@pytest.mark.parametrize("C", [50257, 1, 7, 1000, 4097, 128256])
+def test_cross_entropy_backward_against_torch_float64(tmp_path, C):
+    """dX of examples/cross_entropy_grad.yaml (its one backward kernel, `C: dynamic` for the widths
+    other than 50257) against torch.autograd of F.cross_entropy in float64: ignored rows give exact
+    zeros, all-equal and ±1e4 logits no NaN."""
+    import derivc
+    import yaml
+
+    from compiler.cli import build_to
+
+    spec = load_spec("cross_entropy_grad")
+    if C != 50257:
+        spec["sizes"]["C"] = "dynamic"
+        spec["check_sizes"] = {"R": 2, "C": 1001}
+        spec["name"] = "cross_entropy_grad_dynamic"
+    path = tmp_path / f"{spec['name']}.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    build_to(path, tmp_path / "out", proofs=False, seed=1)
+    dx_kernel = derivc.load(tmp_path / "out" / "grad" / "dX")
+    for R in (1, 77):
+        x, t = _cross_entropy_rows(R, C, seed=C + R)
+        dloss = torch.randn(R, device="cuda", dtype=torch.float32)
+        dx = dx_kernel(x, t.to(torch.int32), dloss)
+        torch.cuda.synchronize()
+        leaf = x.double().requires_grad_(True)
+        torch.nn.functional.cross_entropy(leaf, t, reduction="none").backward(dloss.double())
+        assert bool(torch.isfinite(dx).all()), (R, C)
+        err = (dx.double() - leaf.grad).abs().max().item()
+        assert err <= 2e-3 * dloss.abs().max().item(), (R, C, err)
+        if R >= 5:
+            assert bool((dx[1] == 0).all()), "an ignored row's gradient is not 0"
