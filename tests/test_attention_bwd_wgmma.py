@@ -412,7 +412,8 @@ def test_refuses_rows_that_are_not_whole_warpgroups(fused):
     _refused(replace(k, lanes=(eight,) + k.lanes[1:]), "whole warpgroups")
 
 
-def test_refuses_group_loops(fused):
+def test_refuses_group_loops_around_fused_sums(fused):
+    """A group loop (GQA's sum over query heads) around dV and dK fused: not implemented, by name."""
     from codegen.kir.ir import State, TileLoop
     from compiler.ir import Bin, Const, Read
     from compiler.ir_index import Ext
@@ -421,7 +422,7 @@ def test_refuses_group_loops(fused):
     loop = k.body[-1]
     tot = tuple(State(f"tot{i}", Const(0.0), Bin("+", Read(f"tot{i}", ()), Read(st.name, ())))
                 for i, st in enumerate(loop.state))
-    _refused(replace(k, body=k.body[:-1] + (TileLoop("g", Ext.of(2), tot, (loop,)),)), "group loops")
+    _refused(replace(k, body=k.body[:-1] + (TileLoop("g", Ext.of(2), tot, (loop,)),)), "group loops around 2 sums")
 
 
 def test_refuses_a_kernel_mapped_to_mma_sync():

@@ -51,8 +51,6 @@ def check_plan(p: ScoreSumPlan) -> None:
                      "(16 rows per warp)")
     if p.block_n % 16 or not 16 <= p.block_n <= 128:
         raise refuse(NAME, f"column tiles of {p.block_n} rows: a multiple of 16 up to 128 is implemented")
-    if p.groups:
-        raise refuse(NAME, f"group loops ({', '.join(p.groups)}: a sum over query heads) are not implemented")
 
 
 def phases(n_scores: int, term_groups: list[int], acc_groups: list[int], read_groups: list[int]) -> list[dict]:
@@ -101,7 +99,8 @@ def context(m: _Match) -> dict:
         tile_bytes_r=tile_bytes_r, tile_bytes_c=tile_bytes_c,
         summary=(f"wgmma tile sum {p.block_m}x{p.block_n} d{p.head}, warpgroups {p.warps // 4}, stages {p.stages}, "
                  f"{len(p.acc_tiles)} sum(s), {len(p.scores)} score tile(s), row tiles {len(p.row_tiles)}, "
-                 f"column tiles {len(p.col_tiles)}"),
+                 f"column tiles {len(p.col_tiles)}"
+                 + (f", summed over {', '.join(p.groups)}" if p.groups else "")),
     )
 
 
