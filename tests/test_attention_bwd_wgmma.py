@@ -5,7 +5,11 @@ with tails) and compiled by NVRTC to SASS with HGMMA and no local memory; head d
 two warpgroups and bf16 print and pass too; mutations of the template and of the values it prints
 (the −D of dS, the −LSE of P, a transposed operand, the A fragment order, the accumulation across
 tiles, the ring's wait, the proxy fence, the waits, the second warpgroup's rows, the causal skip)
-fail the CPU check; what the printer does not implement is refused by name."""
+fail the CPU check; what the printer does not implement is refused by name.  Every variant example's
+backward (sliding window, ALiBi, strict causal, GQA's group loops, [B, N, H, D], bottom-right causal,
+prefix-LM, bias) prints on wgmma and matches its program at sizes with tails; a mutation per
+feature (the window's bound and range, the ALiBi term, the bias read, the group loop and its
+accumulators, the [B, N, H, D] row stride) fails the CPU check."""
 from __future__ import annotations
 
 import functools
