@@ -573,14 +573,14 @@ def _context_mutant(monkeypatch, module, function: str, old: str, new: str) -> N
 PLAN_MUTATIONS = {
     # the window's end of dV / dK's query-tile range one tile short: the last tiles the window reaches are lost
     "window_range_ends_a_tile_early": ("attention_sliding_window_grad", "dV", {"N": 129, "W": 100},
-                                       "score_sum", "shared_context", "end = f\"min({end}, {upper})\"",
+                                       "shared_context", "end = f\"min({end}, {upper})\"",
                                        "end = f\"min({end}, {upper} - 1)\""),
     # GQA: the group loop stops one query head short
-    "group_loop_drops_the_last_head": ("attention_gqa_grad", "dK", {"G": 3, "N": 77}, "score_sum", "shared_context",
+    "group_loop_drops_the_last_head": ("attention_gqa_grad", "dK", {"G": 3, "N": 77}, "shared_context",
                                        'ext=f"(long long)({ext_c(g.ext, {**blk, **group})})"',
                                        'ext=f"((long long)({ext_c(g.ext, {**blk, **group})}) - 1)"'),
     # [B, N, H, D]: the tiles' rows read D apart, as in [B, H, N, D], instead of H * D
-    "bnhd_rows_read_d_apart": ("flash_attention_wgmma_bnhd_grad", "dV", {"H": 2, "N": 77}, "score_sum", "shared_context",
+    "bnhd_rows_read_d_apart": ("flash_attention_wgmma_bnhd_grad", "dV", {"H": 2, "N": 77}, "shared_context",
                                "row_lds=[stride_c(t.op, t.op.roles.index(\"seq\"), fixed) for t in p.row_tiles]",
                                "row_lds=[str(p.head) for t in p.row_tiles]"),
 }
@@ -591,7 +591,7 @@ def test_a_variant_plan_mutated_fails_the_cpu_check(monkeypatch, name):
     from codegen.mappings import score_sum
     from codegen.mappings.score_sum_wgmma import render
 
-    example, kernel, sizes, _, function, old, new = PLAN_MUTATIONS[name]
+    example, kernel, sizes, function, old, new = PLAN_MUTATIONS[name]
     _context_mutant(monkeypatch, score_sum, function, old, new)
     _variant_fails(example, kernel, sizes, render)
 
@@ -609,3 +609,18 @@ def test_a_group_step_restarting_the_accumulators_fails_the_cpu_check(monkeypatc
     assert _check(kd, k, sizes, _render_with_template(k, text, monkeypatch))["passed"]
     _variant_fails("attention_gqa_grad", "dV", {"G": 3, "N": 77},
                    lambda k: _render_with_template(k, text.replace(old, old + "\n    live = 0;"), monkeypatch))
+
+
+def test_gqa_dq_with_the_wrong_head_map_fails_the_cpu_check(monkeypatch):
+    """GQA's dQ: hk and g share grid.y (blockIdx.y = hk * G + g); recovering hk as blockIdx.y mod G
+    instead of blockIdx.y / G reads another K / V head, which the kernel text's CPU run shows."""
+    from codegen.mappings import score_sum
+    from codegen.mappings.score_sum_wgmma import render
+
+    orig = score_sum.block_index_c
+    kd, k, base = _variant("attention_gqa_grad")["dQ"]
+    sizes = {"HK": 2, "G": 3, "N": 77}
+    assert _check(kd, k, {**base, **sizes}, render(k))["passed"]
+    monkeypatch.setattr(score_sum, "block_index_c",
+                        lambda dims: {v: x.replace(" / (", " % (") for v, x in orig(dims).items()})
+    _variant_fails("attention_gqa_grad", "dQ", sizes, render)

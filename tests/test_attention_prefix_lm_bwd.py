@@ -1,5 +1,6 @@
 """Prefix-LM's backward (examples/attention_prefix_lm_grad.yaml, j <= i || j < Prefix) on wgmma (the
-tile ranges also through the mma.sync printer): dV with dK, and dQ map to score_sum with the disjunction printed as one C ||; each tile range is the union
+tile ranges also through the mma.sync printer): dV with dK, and dQ map to score_sum with the
+disjunction printed as one C ||; each tile range is the union
 of the disjuncts' ranges (dQ's key tiles end at the greater of the diagonal's and the prefix's
 ends, dK / dV's query tiles start at 0 where the key tile meets the prefix); the whole backward run
 through the emulation agrees with float64 at a prefix crossing the diagonal and one beyond N; MASK
