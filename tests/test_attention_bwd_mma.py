@@ -208,14 +208,26 @@ def test_refuses_a_value_depending_on_the_output_column(kernels):
 
 # -- the d128 variants: windows, group loops ------------------------------------------------
 
-def _lowered(example: str) -> dict:
+def on_mma_sync(text: str) -> str:
+    """An example's text with its backward kernels' products on mma.sync (the variant examples map
+    them to wgmma; this file tests the mma.sync printer on the same derivations)."""
+    head, grad = text.split("\ngrad:", 1)
+    return head + "\ngrad:" + grad.replace("instr: wgmma", "instr: mma_sync")
+
+
+def _derived(example: str) -> dict:
+    """{kernel: (its derivation, its kernel IR)} of the example's backward, products on mma.sync."""
     from codegen.kir.lower import lower
     from compiler.derive_grad import derive_gradient
-    from compiler.spec import load_spec_file
+    from compiler.spec import parse_spec_text
 
     path = ROOT / "examples" / example
-    g = derive_gradient(load_spec_file(path), str(path), seed=1, check=False)
-    return {k.grad_kernel: lower(k.final, k.grad_kernel) for k in g.kernels}
+    g = derive_gradient(parse_spec_text(on_mma_sync(path.read_text()), str(path)), str(path), seed=1, check=False)
+    return {k.grad_kernel: (k, lower(k.final, k.grad_kernel)) for k in g.kernels}
+
+
+def _lowered(example: str) -> dict:
+    return {name: k for name, (_, k) in _derived(example).items()}
 
 
 @pytest.fixture(scope="module")
@@ -289,7 +301,7 @@ def test_strict_causal_row_zero_has_zero_gradients(example_build):
     b = example_build(ROOT / "examples" / "attention_strict_causal_grad.yaml")
     assert b.rc == 0, b.stderr[-2000:]
     out = b.out
-    assert json.loads((out / "grad" / "dQ" / "plan.json").read_text())["mapping"] == "score_sum_mma_sync"
+    assert json.loads((out / "grad" / "dQ" / "plan.json").read_text())["mapping"] == "score_sum_wgmma"
     t = derivc.load_training(out, device="emu")
     rng = np.random.default_rng(5)
     n = 70
@@ -381,9 +393,6 @@ MUTATIONS = (
              "{{ mm.ldsm_b_kn('xb'", "{{ mm.ldsm_b_nk('xb'"),
     Mutation("bwd_group_sum_drops_last_step", "attention_gqa_grad.yaml", "codegen/mappings/score_sum.py",
              'ext=f"(long long)({ext_c(g.ext, {**blk, **group})})"', 'ext=f"((long long)({ext_c(g.ext, {**blk, **group})}) - 1)"'),
-    Mutation("bwd_group_step_resets_the_accumulator", "attention_gqa_grad.yaml", T + "score_sum.cu.j2",
-             "    __syncthreads();  // every warp is done with the column ring of the previous group step",
-             "    __syncthreads();  // every warp is done with the column ring of the previous group step\n{{ acc_init() }}"),
     Mutation("bwd_value_drops_index_values", "attention_alibi_grad.yaml", "codegen/mappings/score_sum.py",
              "return index_value_c(e.aff, names)", 'return "0.0f"'),
     Mutation("bwd_ring_wait_one_short", "flash_attention_grad_mma.yaml", T + "score_sum.cu.j2",
@@ -394,3 +403,28 @@ MUTATIONS = (
 @pytest.mark.parametrize("m", mutation_params(MUTATIONS))
 def test_mutation_fails_at_the_kernel_step(m: Mutation, tmp_path: Path) -> None:
     assert_caught_at_the_kernel_step(m, tmp_path)
+
+
+def test_a_group_step_resetting_the_accumulator_fails_the_cpu_check(monkeypatch) -> None:
+    """GQA's dK on mma.sync (the example maps it to wgmma): each group step zeroing the accumulator
+    keeps only the last query head's sum, which the kernel text's CPU run shows."""
+    import jinja2
+
+    from codegen.build import largest_tiles
+    from codegen.kernel_check import KernelCheckError, check_kernel_text
+    from codegen.mappings import templates_env
+    from codegen.mappings.score_sum import render
+    from codegen.mappings.templates_env import TEMPLATE_DIR
+
+    kd, k = _derived("attention_gqa_grad.yaml")["dK"]
+    sizes = {"B": 1, "HK": 1, "G": 3, "N": 77, "D": 128}
+    assert check_kernel_text(render(k), kd.final, sizes, 7, largest_tiles(kd))["passed"]
+    text = (TEMPLATE_DIR / "score_sum.cu.j2").read_text()
+    old = "    __syncthreads();  // every warp is done with the column ring of the previous group step"
+    assert text.count(old) == 1
+    env = templates_env._env
+    loader = jinja2.ChoiceLoader([jinja2.DictLoader({"score_sum.cu.j2": text.replace(old, old + "\n{{ acc_init() }}")}),
+                                  env.loader])
+    monkeypatch.setattr(templates_env, "_env", env.overlay(loader=loader))
+    with pytest.raises(KernelCheckError):
+        check_kernel_text(render(k), kd.final, sizes, 7, largest_tiles(kd))

@@ -5,9 +5,14 @@ with tails) and compiled by NVRTC to SASS with HGMMA and no local memory; head d
 two warpgroups and bf16 print and pass too; mutations of the template and of the values it prints
 (the −D of dS, the −LSE of P, a transposed operand, the A fragment order, the accumulation across
 tiles, the ring's wait, the proxy fence, the waits, the second warpgroup's rows, the causal skip)
-fail the CPU check; what the printer does not implement is refused by name."""
+fail the CPU check; what the printer does not implement is refused by name.  Every variant example's
+backward (sliding window, ALiBi, strict causal, GQA's group loops, [B, N, H, D], bottom-right causal,
+prefix-LM, bias) prints on wgmma and matches its program at sizes with tails; a mutation per
+feature (the window's bound and range, the ALiBi term, the bias read, the group loop and its
+accumulators, the [B, N, H, D] row stride) fails the CPU check."""
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -412,7 +417,8 @@ def test_refuses_rows_that_are_not_whole_warpgroups(fused):
     _refused(replace(k, lanes=(eight,) + k.lanes[1:]), "whole warpgroups")
 
 
-def test_refuses_group_loops(fused):
+def test_refuses_group_loops_around_fused_sums(fused):
+    """A group loop (GQA's sum over query heads) around dV and dK fused: not implemented, by name."""
     from codegen.kir.ir import State, TileLoop
     from compiler.ir import Bin, Const, Read
     from compiler.ir_index import Ext
@@ -421,7 +427,7 @@ def test_refuses_group_loops(fused):
     loop = k.body[-1]
     tot = tuple(State(f"tot{i}", Const(0.0), Bin("+", Read(f"tot{i}", ()), Read(st.name, ())))
                 for i, st in enumerate(loop.state))
-    _refused(replace(k, body=k.body[:-1] + (TileLoop("g", Ext.of(2), tot, (loop,)),)), "group loops")
+    _refused(replace(k, body=k.body[:-1] + (TileLoop("g", Ext.of(2), tot, (loop,)),)), "group loops around 2 sums")
 
 
 def test_refuses_a_kernel_mapped_to_mma_sync():
@@ -439,3 +445,182 @@ def test_exp_without_its_log2e_factor_fails_the_cpu_check(fused, monkeypatch):
     monkeypatch.setattr(score_sum, "LOG2E", 1.0)
     with pytest.raises(KernelCheckError):
         _check(kd, k, sizes, render(k))
+
+
+# -- the variant examples: every attention backward on wgmma ---------------------------------------
+
+# example -> (its backward kernels, sizes with tails: a tile and a bit, several tiles and a bit, and
+# for each example the extra sizes its mask or layout needs to cut: a window shorter than a tile and
+# one longer, a prefix inside N and beyond it, NQ above and below NK, two heads for [B, N, H, D])
+VARIANTS = {
+    "attention_sliding_window_grad": (("dV", "dQ"), ({"N": 77, "W": 16}, {"N": 129, "W": 100})),
+    "attention_alibi_grad": (("dV", "dQ"), ({"N": 17}, {"N": 129})),
+    "attention_strict_causal_grad": (("dV", "dQ"), ({"N": 17}, {"N": 129})),
+    "attention_gqa_grad": (("dV", "dK", "dQ"), ({"G": 3, "N": 77}, {"G": 2, "N": 129})),
+    "flash_attention_wgmma_bnhd_grad": (("dV", "dQ"), ({"H": 2, "N": 77}, {"H": 3, "N": 129})),
+    "attention_bottom_right_causal_grad": (("dV", "dQ"), ({"NQ": 77, "NK": 129}, {"NQ": 129, "NK": 77})),
+    "attention_prefix_lm_grad": (("dV", "dQ"), ({"N": 77, "Prefix": 200}, {"N": 129, "Prefix": 50})),
+    "attention_bias_grad": (("dV", "dQ"), ({"N": 17}, {"N": 129})),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _variant(example: str) -> dict:
+    """{kernel: (its derivation, its kernel IR, the spec's check sizes)} of a variant example's backward."""
+    from codegen.kir.lower import lower
+    from compiler.derive_grad import derive_gradient
+    from compiler.spec import load_spec_file
+
+    path = ROOT / "examples" / f"{example}.yaml"
+    spec = load_spec_file(path)
+    g = derive_gradient(spec, str(path), seed=1, check=False)
+    fixed = {n: v for n, v in spec.sizes.items() if isinstance(v, int)}
+    return {kd.grad_kernel: (kd, lower(kd.final, kd.grad_kernel), {**spec.check_sizes, **fixed}) for kd in g.kernels}
+
+
+@pytest.mark.parametrize("example", sorted(VARIANTS))
+def test_every_variant_backward_prints_on_wgmma_and_matches_its_program_at_tails(example):
+    """Each variant's dV (with dK beside it; GQA: dV and dK, each summed over the query heads) and dQ
+    map to score_sum wgmma and the kernel text, run on the CPU, matches float64 at sizes with tails."""
+    from codegen.build import print_checked
+
+    kernels, sizes = VARIANTS[example]
+    derived = _variant(example)
+    # Dsum: a SIMT row reduction; the bias example's dBias: score_store (mma.sync)
+    assert sorted(k for k in derived if k not in ("Dsum", "dBias")) == sorted(kernels)
+    for name in kernels:
+        kd, k, base = derived[name]
+        printed = print_checked(k)
+        assert printed.mapping == "score_sum_wgmma", (example, name)
+        assert printed.plan.groups == (("g",) if example == "attention_gqa_grad" and name != "dQ" else ()), name
+        if name == "dV" and example != "attention_gqa_grad":
+            assert [o.name for o in printed.plan.outs] == ["dV", "dK"]
+        for at in sizes:
+            assert _check(kd, k, {**base, **at}, printed)["passed"], (example, name, at)
+
+
+def test_the_sliding_window_narrows_both_ends_of_every_tile_range():
+    """j <= i && i - j < W: dV / dK's query tiles start at the diagonal and end where the window stops;
+    dQ's key tiles start where the window reaches and end at the diagonal."""
+    from codegen.build import print_checked
+
+    derived = _variant("attention_sliding_window_grad")
+    for name in ("dV", "dQ"):
+        src = print_checked(derived[name][1]).variants[0].source.source
+        begin, end = (next(x for x in src.splitlines() if f"const int {b} =" in x) for b in ("it_begin", "it_end"))
+        assert ("sz_W" in end) == (name == "dV") and ("sz_W" in begin) == (name == "dQ"), (name, begin, end)
+        assert "rt" in begin and "rt" in end, name
+
+
+def _without_conjuncts(v, size: str):
+    """v with every guard conjunct that reads `size` dropped."""
+    from compiler.ir import Select, map_children
+
+    if isinstance(v, Select):
+        conds = tuple(c for c in v.conds if size not in c.names())
+        then, other = _without_conjuncts(v.then, size), _without_conjuncts(v.other, size)
+        return Select(conds, then, other) if conds else then
+    return map_children(v, lambda x: _without_conjuncts(x, size))
+
+
+def _variant_fails(example: str, kernel: str, sizes: dict, render) -> None:
+    from codegen.kernel_check import KernelCheckError
+
+    kd, k, base = _variant(example)[kernel]
+    with pytest.raises(KernelCheckError):
+        _check(kd, k, {**base, **sizes}, render(k))
+
+
+VALUE_MUTATIONS = {
+    # the window's bound i - j < W dropped from the printed mask: keys past the window leak in
+    "window_bound_dropped": ("attention_sliding_window_grad", "dV", {"N": 129, "W": 16},
+                             lambda v: _without_conjuncts(v, "W")),
+    # the ALiBi slope term Slope[h] * (j - i) dropped from the recomputed score
+    "alibi_term_dropped": ("attention_alibi_grad", "dQ", {"N": 77}, "Slope"),
+    # the bias read dropped from the recomputed score
+    "bias_read_dropped": ("attention_bias_grad", "dV", {"N": 77}, "Bias"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VALUE_MUTATIONS))
+def test_a_variant_value_mutated_fails_the_cpu_check(monkeypatch, name):
+    from codegen.mappings.score_sum_wgmma import render
+    from compiler.ir import Const, replace_reads
+
+    example, kernel, sizes, change = VALUE_MUTATIONS[name]
+    if isinstance(change, str):
+        tensor = change
+        change = lambda v: replace_reads(v, tensor, lambda r: Const(0.0))  # noqa: E731
+    _value_patch(monkeypatch, change)
+    _variant_fails(example, kernel, sizes, render)
+
+
+def _context_mutant(monkeypatch, module, function: str, old: str, new: str) -> None:
+    """`module.function` recompiled with `old` replaced by `new` (once)."""
+    import inspect
+
+    src = inspect.getsource(getattr(module, function))
+    assert src.count(old) == 1, f"{function}: the site moved"
+    ns: dict = {}
+    exec(compile(src.replace(old, new), module.__file__, "exec"), module.__dict__, ns)
+    monkeypatch.setattr(module, function, ns[function])
+    from codegen.mappings import score_sum_wgmma
+
+    if getattr(score_sum_wgmma, function, None) is not None:  # imported by name there
+        monkeypatch.setattr(score_sum_wgmma, function, ns[function])
+
+
+PLAN_MUTATIONS = {
+    # the window's end of dV / dK's query-tile range one tile short: the last tiles the window reaches are lost
+    "window_range_ends_a_tile_early": ("attention_sliding_window_grad", "dV", {"N": 129, "W": 100},
+                                       "shared_context", "end = f\"min({end}, {upper})\"",
+                                       "end = f\"min({end}, {upper} - 1)\""),
+    # GQA: the group loop stops one query head short
+    "group_loop_drops_the_last_head": ("attention_gqa_grad", "dK", {"G": 3, "N": 77}, "shared_context",
+                                       'ext=f"(long long)({ext_c(g.ext, {**blk, **group})})"',
+                                       'ext=f"((long long)({ext_c(g.ext, {**blk, **group})}) - 1)"'),
+    # [B, N, H, D]: the tiles' rows read D apart, as in [B, H, N, D], instead of H * D
+    "bnhd_rows_read_d_apart": ("flash_attention_wgmma_bnhd_grad", "dV", {"H": 2, "N": 77}, "shared_context",
+                               "row_lds=[stride_c(t.op, t.op.roles.index(\"seq\"), fixed) for t in p.row_tiles]",
+                               "row_lds=[str(p.head) for t in p.row_tiles]"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PLAN_MUTATIONS))
+def test_a_variant_plan_mutated_fails_the_cpu_check(monkeypatch, name):
+    from codegen.mappings import score_sum
+    from codegen.mappings.score_sum_wgmma import render
+
+    example, kernel, sizes, function, old, new = PLAN_MUTATIONS[name]
+    _context_mutant(monkeypatch, score_sum, function, old, new)
+    _variant_fails(example, kernel, sizes, render)
+
+
+def test_a_group_step_restarting_the_accumulators_fails_the_cpu_check(monkeypatch):
+    """GQA's dV: each query head's step adds into the accumulators the earlier steps left; a step that
+    starts them anew (the first accumulation's scale-d 0) keeps only the last head's sum."""
+    from codegen.mappings.templates_env import TEMPLATE_DIR
+
+    text = (TEMPLATE_DIR / TEMPLATE).read_text()
+    old = "    __syncthreads();  // every warpgroup is done with the column ring of the previous group step"
+    assert text.count(old) == 1
+    kd, k, base = _variant("attention_gqa_grad")["dV"]
+    sizes = {**base, "G": 3, "N": 77}
+    assert _check(kd, k, sizes, _render_with_template(k, text, monkeypatch))["passed"]
+    _variant_fails("attention_gqa_grad", "dV", {"G": 3, "N": 77},
+                   lambda k: _render_with_template(k, text.replace(old, old + "\n    live = 0;"), monkeypatch))
+
+
+def test_gqa_dq_with_the_wrong_head_map_fails_the_cpu_check(monkeypatch):
+    """GQA's dQ: hk and g share grid.y (blockIdx.y = hk * G + g); recovering hk as blockIdx.y mod G
+    instead of blockIdx.y / G reads another K / V head, which the kernel text's CPU run shows."""
+    from codegen.mappings import score_sum
+    from codegen.mappings.score_sum_wgmma import render
+
+    orig = score_sum.block_index_c
+    kd, k, base = _variant("attention_gqa_grad")["dQ"]
+    sizes = {"HK": 2, "G": 3, "N": 77}
+    assert _check(kd, k, {**base, **sizes}, render(k))["passed"]
+    monkeypatch.setattr(score_sum, "block_index_c",
+                        lambda dims: {v: x.replace(" / (", " % (") for v, x in orig(dims).items()})
+    _variant_fails("attention_gqa_grad", "dQ", sizes, render)

@@ -44,8 +44,8 @@ def test_dbias_is_printed_by_the_store_form(built):
     assert draws and all(x["passed"] for x in draws)
     # several row and column tiles with a tail in both (tiles of 64)
     assert any(x["sizes"]["N"] > 128 and x["sizes"]["N"] % 64 for x in draws)
-    for k in ("dV", "dK", "dQ"):  # the tile sums stay on score_sum
-        assert json.loads((built / "grad" / k / "plan.json").read_text())["mapping"] == "score_sum_mma_sync", k
+    for k in ("dV", "dQ"):  # the tile sums stay on score_sum (wgmma; dK beside dV)
+        assert json.loads((built / "grad" / k / "plan.json").read_text())["mapping"] == "score_sum_wgmma", k
 
 
 # -- refusals --------------------------------------------------------------------------------

@@ -21,10 +21,19 @@ The sums' values are formed side by side per element, the sub-expressions severa
 (P = exp(S - LSE), inside dK's dS = P (dP - D) too: score_sum.common_terms) computed once, exp
 as the forward computes it (ex2.approx of log2(e) x).
 
+Group loops (GQA's dK / dV: a sum over the query heads g of a K / V head around the query-tile
+sum) are printed as score_sum.match reads them: the row tiles staged once, then per group step the
+column pointers at the step's g, the tile range, the reads and the ring anew, every step adding
+into the one accumulator (the first accumulation of the kernel, not of the step, starts it).
+The mask's bounds (a window's lower and upper, a disjunction's union) narrow the tile range and
+the per-warpgroup skip (score_sum.shared_context); score terms (an ALiBi slope times j - i, a bias
+read) are the kernel IR's value, printed per fragment element.
+
 Refused by name: head dims other than 64 and 128 (the accumulators of two sums of d128 and two
 score tiles fill the register file; d256 does not fit), blocks that are not whole warpgroups of
-64 rows, column tiles that are not a multiple of 16 rows up to 128, group loops (GQA's sum over
-query heads), and everything score_sum.match refuses.
+64 rows, column tiles that are not a multiple of 16 rows up to 128, and everything score_sum.match
+refuses (a group loop around dK and dV fused: FUSE-SUMS fuses the sum over g, the query-tile sums
+inside it stay two loops, which the plan has no form for).
 """
 from __future__ import annotations
 
@@ -51,8 +60,6 @@ def check_plan(p: ScoreSumPlan) -> None:
                      "(16 rows per warp)")
     if p.block_n % 16 or not 16 <= p.block_n <= 128:
         raise refuse(NAME, f"column tiles of {p.block_n} rows: a multiple of 16 up to 128 is implemented")
-    if p.groups:
-        raise refuse(NAME, f"group loops ({', '.join(p.groups)}: a sum over query heads) are not implemented")
 
 
 def phases(n_scores: int, term_groups: list[int], acc_groups: list[int], read_groups: list[int]) -> list[dict]:
@@ -101,7 +108,8 @@ def context(m: _Match) -> dict:
         tile_bytes_r=tile_bytes_r, tile_bytes_c=tile_bytes_c,
         summary=(f"wgmma tile sum {p.block_m}x{p.block_n} d{p.head}, warpgroups {p.warps // 4}, stages {p.stages}, "
                  f"{len(p.acc_tiles)} sum(s), {len(p.scores)} score tile(s), row tiles {len(p.row_tiles)}, "
-                 f"column tiles {len(p.col_tiles)}"),
+                 f"column tiles {len(p.col_tiles)}"
+                 + (f", summed over {', '.join(p.groups)}" if p.groups else "")),
     )
 
 

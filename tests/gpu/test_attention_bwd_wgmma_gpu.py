@@ -2,7 +2,11 @@
 GPU: the wgmma examples' dV / dK (one kernel) and dQ through derivc.load_training against float64
 torch.autograd, causal and not, at N = 1, 77, 129, 1000; a head dim of 64 and blocks of two
 warpgroups (the dV / dK kernel on 128 key rows) as spec variants of the same text; deterministic
-(the same bits run to run); then each backward kernel's time against SDPA's backward (printed)."""
+(the same bits run to run); then each backward kernel's time against SDPA's backward (printed).
+The variant examples (sliding window, ALiBi, strict causal, GQA, [B, N, H, D], bottom-right causal,
+prefix-LM, bias), their backward on wgmma too: each built once, its tile sums checked to be wgmma
+builds, then every case of test_grad_examples_gpu's REFERENCES (and GQA at 16 query / 4 K / V heads)
+against float64 autograd, and two backward runs bit for bit equal."""
 from __future__ import annotations
 
 import json
@@ -19,6 +23,7 @@ for p in (ROOT, ROOT / "tests", Path(__file__).resolve().parent):
         sys.path.insert(0, str(p))
 
 from test_attention_bwd_mma_gpu import _inputs, _reference, _rel, _time_ms  # noqa: E402
+from test_grad_examples_gpu import REFERENCES, Case, check_gradients  # noqa: E402
 from test_attention_bwd_wgmma import head_dim, three_stages, two_warpgroups, wide_dq  # noqa: E402
 
 NONCAUSAL = ROOT / "examples" / "flash_attention_wgmma_noncausal_grad.yaml"
@@ -136,3 +141,61 @@ def test_backward_time_vs_sdpa(built, torch):
     parts = ", ".join(f"{k} {ms:.3f} ms" for k, ms in times.items())
     print(f"\n[{name}] B={b} H={h} N={n} D={d}: {parts}; total {total:.3f} ms ({flops / total / 1e9:.0f} TFLOP/s); "
           f"SDPA backward {sdpa:.3f} ms ({flops / sdpa / 1e9:.0f} TFLOP/s); ratio SDPA / derived {sdpa / total:.2f}")
+
+
+# -- the variant examples -------------------------------------------------------------------------
+
+VARIANTS = ("attention_sliding_window_grad", "attention_alibi_grad", "attention_strict_causal_grad",
+            "attention_gqa_grad", "flash_attention_wgmma_bnhd_grad", "attention_bottom_right_causal_grad",
+            "attention_prefix_lm_grad", "attention_bias_grad")
+GQA_16_4 = Case({"B": 1, "HK": 4, "G": 4, "N": 1000, "D": 128})
+
+
+@pytest.fixture(scope="module")
+def variant(tmp_path_factory):
+    import derivc
+    from compiler.cli import build_to
+
+    root = tmp_path_factory.mktemp("variants")
+    cache: dict = {}
+
+    def get(example: str):
+        if example not in cache:
+            build_to(ROOT / "examples" / f"{example}.yaml", root / example, seed=0, proofs=False)
+            cache[example] = (root / example, derivc.load_training(root / example))
+        return cache[example]
+
+    return get
+
+
+@pytest.mark.parametrize("example", VARIANTS)
+def test_variant_backward_is_wgmma_and_matches_float64_autograd(torch, variant, example):
+    out, t = variant(example)
+    manifest = json.loads((out / "grad.json").read_text())
+    sums = [k["name"] for k in manifest["kernels"] if k["name"] not in ("Dsum", "dBias")]
+    assert sums == (["dV", "dK", "dQ"] if example == "attention_gqa_grad" else ["dV", "dQ"]), sums
+    for k in sums:
+        plan = json.loads((out / "grad" / k / "plan.json").read_text())
+        assert plan["mapping"] == "score_sum_wgmma", (example, k)
+    ref = REFERENCES[example]
+    cases = ref.cases + ((GQA_16_4,) if example == "attention_gqa_grad" else ())
+    for i, case in enumerate(cases):
+        check_gradients(torch, t, ref, case, seed=31 + i, where=example)
+
+
+@pytest.mark.parametrize("example", VARIANTS)
+def test_variant_backward_is_deterministic(torch, variant, example):
+    """Two backward runs on the same inputs give the same bits (no atomics)."""
+    from test_grad_examples_gpu import _inputs as example_inputs
+
+    _, t = variant(example)
+    ref = REFERENCES[example]
+    case = GQA_16_4 if example == "attention_gqa_grad" else ref.cases[-1]
+    xs, dy = example_inputs(torch, t, case, seed=5, ref=ref)
+    named = {n: case.sizes[n] for n in case.by_name}
+    _, saved = t.forward_with_saved(**xs, **named)
+    first = t.backward(saved, dy, **named)
+    second = t.backward(saved, dy, **named)
+    torch.cuda.synchronize()
+    for x in t.manifest.wrt:
+        assert torch.equal(first[x], second[x]), (example, f"d{x}")
