@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "devtools")]
-from train_step_bench import Recorder, device_ms, rel, spec_digest  # noqa: E402
+from train_step_bench import DEVICE, Recorder, device_ms, rel, spec_digest  # noqa: E402
 
 EXAMPLES = ROOT / "examples"
 RESULT = "gemm_grad_bench.json"
@@ -125,10 +125,10 @@ def run(outdir: Path, out: Path) -> int:
         return loaded[key]
 
     for n in SIZES:
-        g = torch.Generator(device="cuda").manual_seed(n)
+        g = torch.Generator(device=DEVICE).manual_seed(n)
 
         def t(*shape: int, std: float = 1.0) -> Any:
-            return (torch.randn(*shape, generator=g, device="cuda") * std).half()
+            return (torch.randn(*shape, generator=g, device=DEVICE) * std).half()
 
         a, b, dc = t(n, n, std=n ** -0.25), t(n, n, std=n ** -0.25), t(n, n)
         bias = t(n, std=0.1)

@@ -48,6 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 EXAMPLES = ROOT / "examples"
 RESULT = "train_step_bench.json"
+DEVICE = "cuda"  # the run step's tensors
 EPS = 1e-6  # block_rmsnorm_grad.yaml's eps
 WARMUP, REPS = 3, 10
 SLEEP_CYCLES = 40_000_000  # ~20 ms at 1.98 GHz: longer than the host takes to enqueue one step
@@ -57,7 +58,8 @@ GRAD_TOL = 2e-2  # derived vs PyTorch: fp16 roundings only (the 200-step test's 
 PIECES: dict[str, Path] = {
     "rmsnorm": EXAMPLES / "block_rmsnorm_grad.yaml",
     "gemm": EXAMPLES / "block_gemm_grad.yaml",
-    "attention": EXAMPLES / "flash_attention_wgmma_grad.yaml",
+    "attention": EXAMPLES / "flash_attention_wgmma_grad.yaml",  # [B, H, N, D]
+    "attention_bnhd": EXAMPLES / "block_attention_bnhd_grad.yaml",  # [B, N, H, D]: no head copies
     "gemm_residual": EXAMPLES / "block_gemm_residual_grad.yaml",
     "gemm_bias_gelu": EXAMPLES / "block_gemm_bias_gelu_grad.yaml",
 }
@@ -99,12 +101,21 @@ def rmsnorm_math(torch: Any, x: Any, w: Any) -> Any:
     return y.to(x.dtype)
 
 
-def derived_block(x: Any, w: dict[str, Any], ops: Ops, s: Shape) -> Any:
-    """The block on the derived pieces' interface (attention on contiguous [B, H, N, D])."""
+LAYOUTS = ("bhnd", "bnhd")  # the derived attention's layout: piece "attention" / "attention_bnhd"
+
+
+def derived_block(x: Any, w: dict[str, Any], ops: Ops, s: Shape, layout: str) -> Any:
+    """The block on the derived pieces' interface: attention on contiguous [B, H, N, D] (q, k, v
+    copied out of the heads of qkv, o merged back by a copy) or [B, N, H, D] (q, k, v copied out
+    of qkv, o a view)."""
     h = ops["rmsnorm"](x, w["norm1"])
-    qkv = ops["gemm"](h, w["qkv"])
-    q, k, v = (t.contiguous() for t in qkv.view(s.batch, s.seq, 3, s.heads, s.head_dim).permute(2, 0, 3, 1, 4).unbind(0))
-    o = ops["attention"](q, k, v).permute(0, 2, 1, 3).reshape(s.tokens, s.d_model)
+    qkv = ops["gemm"](h, w["qkv"]).view(s.batch, s.seq, 3, s.heads, s.head_dim)
+    if layout == "bnhd":
+        q, k, v = (t.contiguous() for t in qkv.unbind(2))
+        o = ops["attention_bnhd"](q, k, v).view(s.tokens, s.d_model)
+    else:
+        q, k, v = (t.contiguous() for t in qkv.permute(2, 0, 3, 1, 4).unbind(0))
+        o = ops["attention"](q, k, v).permute(0, 2, 1, 3).reshape(s.tokens, s.d_model)
     x2 = ops["gemm_residual"](o, w["out"], x)
     u = ops["gemm_bias_gelu"](ops["rmsnorm"](x2, w["norm2"]), w["up"], w["up_bias"])
     return ops["gemm_residual"](u, w["down"], x2)
@@ -129,6 +140,8 @@ def torch_pieces(torch: Any, norm: Callable[..., Any]) -> Ops:
     return {"rmsnorm": norm,
             "gemm": lambda a, b: a @ b,
             "attention": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+            "attention_bnhd": lambda q, k, v: F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True).transpose(1, 2),
             "gemm_residual": lambda a, b, c0: torch.addmm(c0, a, b),
             "gemm_bias_gelu": lambda a, b, bias: F.gelu(torch.addmm(bias, a, b), approximate="tanh")}
 
@@ -299,21 +312,19 @@ def run(outdir: Path, out: Path) -> int:
     matmul.allow_fp16_reduced_precision_reduction = False  # fp32 accumulation, as the derived GEMMs
     ops: Ops = {}
 
-    def load() -> dict[str, Any]:
-        t0 = time.time()
-        for piece in PIECES:
+    for piece in PIECES:  # a piece that does not load fails the cases that use it
+        def load(piece: str = piece) -> dict[str, Any]:
+            t0 = time.time()
             ops[piece] = derivc.torch_op(outdir / piece)
-        return {"pieces": list(PIECES), "load_s": round(time.time() - t0, 1)}
-
-    if rec.case("load", load) is None:
-        return 1
-    w = weights(torch, s, torch.float16, "cuda")
-    x, dy, target = inputs(torch, s, torch.float16, "cuda")
+            return {"load_s": round(time.time() - t0, 1)}
+        rec.case(f"load:{piece}", load)
+    w = weights(torch, s, torch.float16, DEVICE)
+    x, dy, target = inputs(torch, s, torch.float16, DEVICE)
     leaves = {"x": x, **w}
     norm = torch.compile(lambda a, b: rmsnorm_math(torch, a, b), dynamic=False)
 
-    def derived() -> Any:
-        return derived_block(x, w, ops, s)
+    def derived(layout: str) -> Callable[[], Any]:
+        return lambda: derived_block(x, w, ops, s, layout)
 
     def reference(backend: Any) -> Callable[[], Any]:
         def block() -> Any:
@@ -335,19 +346,22 @@ def run(outdir: Path, out: Path) -> int:
 
     for name, backend in anchors.items():  # the anchors first: their compile warm-up is not timed
         rec.case(name, timed(name, reference(backend)))
-    rec.case("derived", timed("derived", derived))
-    if "derived" in times:
-        rec(case="summary", derived_ms=times["derived"],
-            **{f"ratio_vs_{a}": round(times[a] / times["derived"], 3) for a in anchors if a in times},
-            note="ratio = PyTorch ms / derived ms (> 1: derived faster)")
+    for layout in LAYOUTS:
+        rec.case(f"derived_{layout}", timed(f"derived_{layout}", derived(layout)))
+    for layout in LAYOUTS:
+        if f"derived_{layout}" in times:
+            ms = times[f"derived_{layout}"]
+            rec(case=f"summary_{layout}", derived_ms=ms, tflops=round(flops / ms / 1e9, 1),
+                **{f"ratio_vs_{a}": round(times[a] / ms, 3) for a in anchors if a in times},
+                note="ratio = PyTorch ms / derived ms (> 1: derived faster)")
 
-    def check() -> dict[str, Any]:
-        errors = compare(torch, derived, reference(SDPBackend.CUDNN_ATTENTION), leaves, target)
-        bad = {k: e for k, e in errors.items() if not e < GRAD_TOL}
-        return {"rel_err": {k: float(f"{e:.3e}") for k, e in errors.items()}, "tol": GRAD_TOL,
-                "ok": not bad, **({"over_tol": list(bad)} if bad else {})}
-
-    rec.case("check_loss_and_gradients", check)
+    for layout in LAYOUTS:
+        def check(layout: str = layout) -> dict[str, Any]:
+            errors = compare(torch, derived(layout), reference(SDPBackend.CUDNN_ATTENTION), leaves, target)
+            bad = {k: e for k, e in errors.items() if not e < GRAD_TOL}
+            return {"rel_err": {k: float(f"{e:.3e}") for k, e in errors.items()}, "tol": GRAD_TOL,
+                    "ok": not bad, **({"over_tol": list(bad)} if bad else {})}
+        rec.case(f"check_loss_and_gradients_{layout}", check)
     pieces(torch, rec, ops, torch_pieces(torch, norm), s)
     return 0 if all("error" not in r for r in rec.rows) else 1
 
@@ -356,16 +370,17 @@ def pieces(torch: Any, rec: Recorder, ops: Ops, ref: Ops, s: Shape) -> None:
     """Each piece alone, forward + backward at the block's shapes: derived vs its PyTorch op."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    g = torch.Generator(device="cuda").manual_seed(2)
+    g = torch.Generator(device=DEVICE).manual_seed(2)
     T, d, mlp = s.tokens, s.d_model, s.mlp
 
     def t(*shape: int, std: float = 1.0) -> Any:
-        return (torch.randn(*shape, generator=g, device="cuda") * std).half().requires_grad_(True)
+        return (torch.randn(*shape, generator=g, device=DEVICE) * std).half().requires_grad_(True)
 
     heads = (s.batch, s.heads, s.seq, s.head_dim)
     args = {"rmsnorm": lambda: (t(T, d), t(d)),
             "gemm": lambda: (t(T, d), t(d, 3 * d, std=d ** -0.5)),
             "attention": lambda: (t(*heads), t(*heads), t(*heads)),
+            "attention_bnhd": lambda: tuple(t(s.batch, s.seq, s.heads, s.head_dim) for _ in range(3)),
             "gemm_residual": lambda: (t(T, mlp), t(mlp, d, std=mlp ** -0.5), t(T, d)),
             "gemm_bias_gelu": lambda: (t(T, d), t(d, mlp, std=d ** -0.5), t(mlp, std=0.02))}
     for piece, make in args.items():
@@ -395,12 +410,15 @@ def check_cpu() -> int:
     w = weights(torch, s, torch.float64, "cpu")
     x, _, target = inputs(torch, s, torch.float64, "cpu")
     ops = torch_pieces(torch, norm)
-    errors = compare(torch, lambda: derived_block(x, w, ops, s), lambda: torch_block(torch, x, w, s, norm),
-                     {"x": x, **w}, target)
-    print(f"derived glue vs PyTorch block, float64, {s}: " + ", ".join(f"{k} {e:.1e}" for k, e in errors.items()))
-    bad = [k for k, e in errors.items() if not e < 1e-12]
-    print("FAILED: " + ", ".join(bad) if bad else "ok")
-    return 1 if bad else 0
+    failed = []
+    for layout in LAYOUTS:
+        errors = compare(torch, lambda: derived_block(x, w, ops, s, layout), lambda: torch_block(torch, x, w, s, norm),
+                         {"x": x, **w}, target)
+        print(f"derived glue ({layout}) vs PyTorch block, float64, {s}: "
+              + ", ".join(f"{k} {e:.1e}" for k, e in errors.items()))
+        failed += [f"{layout}:{k}" for k, e in errors.items() if not e < 1e-12]
+    print("FAILED: " + ", ".join(failed) if failed else "ok")
+    return 1 if failed else 0
 
 
 def main() -> int:
