@@ -27,6 +27,8 @@ and every gradient of the derived step against the PyTorch block (relative error
     python devtools/train_step_bench.py run OUTDIR       # GPU: one line per case, $OUT/train_step_bench.json
     python devtools/train_step_bench.py check            # CPU torch, tiny: the derived block's glue
                                                          # (pieces as torch ops) == the PyTorch block
+    python devtools/train_step_bench.py check --builds OUTDIR   # CPU torch, tiny: the derived block on
+                                                         # the built pieces, emulated, vs PyTorch in float64
 
 A developer script: not part of the package, no test imports it.
 """
@@ -63,6 +65,15 @@ PIECES: dict[str, Path] = {
     "gemm_residual": EXAMPLES / "block_gemm_residual_grad.yaml",
     "gemm_bias_gelu": EXAMPLES / "block_gemm_bias_gelu_grad.yaml",
 }
+# piece -> the kernel's inputs, then its output, as derived_block calls it: (name, dims)
+SIGNATURES: dict[str, tuple[tuple[str, str], ...]] = {
+    "rmsnorm": (("X", "R C"), ("W", "C"), ("Y", "R C")),
+    "gemm": (("A", "M K"), ("B", "K N"), ("C", "M N")),
+    "attention": (("Q", "B H N D"), ("K", "B H N D"), ("V", "B H N D"), ("O", "B H N D")),
+    "attention_bnhd": (("Q", "B N H D"), ("K", "B N H D"), ("V", "B N H D"), ("O", "B N H D")),
+    "gemm_residual": (("A", "M K"), ("B", "K N"), ("C0", "M N"), ("C", "M N")),
+    "gemm_bias_gelu": (("A", "M K"), ("B", "K N"), ("bias", "N"), ("C", "M N")),
+}
 Ops = dict[str, Callable[..., Any]]
 
 
@@ -91,6 +102,7 @@ class Shape:
 
 REAL = Shape(batch=4, seq=4096, heads=16, head_dim=128)  # 16k tokens; d = 2048 (the builds fix C and D)
 TINY = Shape(batch=2, seq=24, heads=2, head_dim=16)  # check: the glue on CPU torch, float64
+EMU = Shape(batch=1, seq=3, heads=16, head_dim=128)  # check --builds: the emulated pieces (d, D fixed)
 
 
 # -- the block ---------------------------------------------------------------------------------
@@ -180,17 +192,18 @@ def rel(a: Any, b: Any) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-300))
 
 
-def compare(torch: Any, run_a: Callable[[], Any], run_b: Callable[[], Any], leaves: dict[str, Any], target: Any) -> dict[str, float]:
-    """Relative errors of a against b: the output y, the loss and every leaf's gradient of the loss."""
-    names, ts = list(leaves), list(leaves.values())
+def compare(torch: Any, run_a: Callable[[], Any], run_b: Callable[[], Any], leaves: dict[str, Any], target: Any,
+            leaves_b: dict[str, Any] | None = None) -> dict[str, float]:
+    """Relative errors of a against b: the output y, the loss and every leaf's gradient of the loss
+    (b's leaves are `leaves_b` where b runs on copies of a's, e.g. in another dtype)."""
     out = {}
-    for key, run in (("a", run_a), ("b", run_b)):
+    for key, run, ls in (("a", run_a, leaves), ("b", run_b, leaves_b or leaves)):
         y = run()
         loss = loss_of(y, target)
-        out[key] = (y.detach(), loss.detach(), torch.autograd.grad(loss, ts))
+        out[key] = (y.detach(), loss.detach(), torch.autograd.grad(loss, list(ls.values())))
     (ya, la, ga), (yb, lb, gb) = out["a"], out["b"]
     errors = {"y": rel(ya, yb), "loss": abs(float(la) - float(lb)) / abs(float(lb))}
-    errors.update({f"d{n}": rel(p, q) for n, p, q in zip(names, ga, gb)})
+    errors.update({f"d{n}": rel(p, q) for n, p, q in zip(leaves, ga, gb)})
     return errors
 
 
@@ -212,6 +225,10 @@ def prepare(outdir: Path) -> int:
         try:
             build_to(spec, outdir / piece, seed=1, proofs=False)
             t = derivc.load_training(outdir / piece, device="emu")
+            k = t.forward_build.printed.kernel
+            got = tuple((x.name, " ".join(str(a) for a in x.dims)) for x in (*k.inputs, k.outputs[0]))
+            if got != SIGNATURES[piece]:
+                raise ValueError(f"the kernel takes / writes {got}, the block calls it as {SIGNATURES[piece]}")
             kernels = [e.name for e in t.manifest.kernels]
             print(f"{piece}: {spec.name} built and loaded ({time.time() - t0:.0f} s; backward kernels "
                   f"{', '.join(kernels)})", flush=True)
@@ -421,18 +438,70 @@ def check_cpu() -> int:
     return 1 if failed else 0
 
 
+def emu_ops(torch: Any, outdir: Path) -> Ops:
+    """Each built piece run on the CPU through the emulation (codegen.emu: the printed kernel.cu,
+    compiled by the host compiler) as a torch.autograd.Function: the forward kernel, then the
+    backward kernels of grad.json (Training on device "emu")."""
+    import numpy as np
+
+    import derivc
+
+    def function(t: Any) -> Callable[..., Any]:
+        class Piece(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx: Any, *xs: Any) -> Any:
+                y, ctx.saved = t.forward_with_saved(**{n: x.detach().numpy() for n, x in zip(t.inputs, xs)})
+                return torch.from_numpy(np.array(y))
+
+            @staticmethod
+            def backward(ctx: Any, dy: Any) -> Any:
+                grads = t.backward(ctx.saved, dy.contiguous().numpy())
+                return tuple(torch.from_numpy(np.array(grads[n])) if n in grads else None for n in t.inputs)
+
+        return Piece.apply
+
+    return {piece: function(derivc.load_training(outdir / piece, device="emu")) for piece in PIECES}
+
+
+def check_emu(outdir: Path) -> int:
+    """The derived block on the built pieces (emulated on the CPU, fp16 as on the GPU) against the
+    PyTorch block in float64 from the same fp16 weights and input, at a tiny size: loss, output
+    and every gradient within GRAD_TOL (relative, in norm)."""
+    import torch
+
+    s = EMU
+    ops = emu_ops(torch, outdir)
+    norm = lambda a, b: rmsnorm_math(torch, a, b)  # noqa: E731
+    w = weights(torch, s, torch.float16, "cpu")
+    x, _, target = inputs(torch, s, torch.float16, "cpu")
+    leaves = {"x": x, **w}
+    exact = {k: v.detach().double().requires_grad_(True) for k, v in leaves.items()}
+    w64 = {k: v for k, v in exact.items() if k != "x"}
+    failed = []
+    for layout in LAYOUTS:
+        t0 = time.time()
+        errors = compare(torch, lambda: derived_block(x, w, ops, s, layout),
+                         lambda: torch_block(torch, exact["x"], w64, s, norm), leaves, target.double(), exact)
+        print(f"derived block ({layout}, emulated) vs PyTorch float64, {s}: "
+              + ", ".join(f"{k} {e:.1e}" for k, e in errors.items()) + f" ({time.time() - t0:.0f} s)", flush=True)
+        failed += [f"{layout}:{k}" for k, e in errors.items() if not e < GRAD_TOL]
+    print("FAILED: " + ", ".join(failed) if failed else "ok")
+    return 1 if failed else 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("prepare", help="build the pieces (CPU)").add_argument("outdir", type=Path)
     sub.add_parser("run", help="time on the GPU").add_argument("outdir", type=Path)
-    sub.add_parser("check", help="the glue against the PyTorch block, tiny, CPU torch")
+    sub.add_parser("check", help="the glue against the PyTorch block, tiny, CPU torch").add_argument(
+        "--builds", type=Path, help="prepare's OUTDIR: the derived block on the emulated pieces instead")
     a = ap.parse_args()
     if a.cmd == "prepare":
         return prepare(a.outdir)
     if a.cmd == "run":
         return run(a.outdir, Path(os.environ.get("OUT", "/tmp")))
-    return check_cpu()
+    return check_emu(a.builds) if a.builds else check_cpu()
 
 
 if __name__ == "__main__":
