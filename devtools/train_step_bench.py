@@ -5,13 +5,19 @@ The block, pre-norm, on x [T, d] fp16 (T = B·N tokens; real size: B = 4, N = 40
 16 heads of 128, MLP 4·d), every weight an fp16 leaf, x requiring its gradient too:
     h  = RMSNorm(x; w1)                 derived: examples/block_rmsnorm_grad.yaml (C = 2048)
     qkv = h · Wqkv                      derived: examples/block_gemm_grad.yaml (wgmma fwd, dA NT, dB TN)
-    o  = causal attention(q, k, v)      derived: examples/flash_attention_wgmma_grad.yaml (wgmma fwd + bwd)
+    o  = causal attention(q, k, v)      derived: examples/flash_attention_wgmma_grad.yaml ([B, H, N, D])
+                                        or examples/block_attention_bnhd_grad.yaml ([B, N, H, D]),
+                                        wgmma forward and backward
     x2 = o · Wo + x                     derived: examples/block_gemm_residual_grad.yaml
     h2 = RMSNorm(x2; w2)
-    u  = GELU_tanh(h2 · Wup + bup)      derived: examples/block_gemm_bias_gelu_grad.yaml
+    u  = GELU_tanh(h2 · Wup + bup)      derived: examples/block_gemm_bias_gelu_grad.yaml (GELU the
+                                        GEMM's epilogue; the backward recomputes the pre-activation),
+                                        or block_gemm_bias_grad.yaml + block_gelu_grad.yaml ("split":
+                                        the pre-activation stored, GELU element-wise, as PyTorch does)
     y  = u · Wdown + x2                 derived: block_gemm_residual_grad.yaml
-Torch glue in the derived block: the head split [T, 3·d] -> 3 × [B, H, N, D] contiguous (the
-attention build's layout) and the merge back to [T, d] (copies), autograd between the custom ops.
+The derived variants (BLOCKS): bhnd, bnhd (fused MLP), bnhd_split.  Torch glue in the derived
+block: q, k, v copied out of qkv [T, 3·d] into the attention's layout (bhnd: and o merged back to
+[T, d] by a copy; bnhd: o is a view), autograd between the custom ops.
 The PyTorch block computes the same function as PyTorch code would: one cuBLAS GEMM for Q/K/V,
 SDPA on the heads as strided views (cuDNN backend; FlashAttention-2 in a second case), addmm for
 the residual and bias epilogues, F.gelu(approximate="tanh"), RMSNorm (fp32 math from fp16, rounded
@@ -63,7 +69,9 @@ PIECES: dict[str, Path] = {
     "attention": EXAMPLES / "flash_attention_wgmma_grad.yaml",  # [B, H, N, D]
     "attention_bnhd": EXAMPLES / "block_attention_bnhd_grad.yaml",  # [B, N, H, D]: no head copies
     "gemm_residual": EXAMPLES / "block_gemm_residual_grad.yaml",
-    "gemm_bias_gelu": EXAMPLES / "block_gemm_bias_gelu_grad.yaml",
+    "gemm_bias_gelu": EXAMPLES / "block_gemm_bias_gelu_grad.yaml",  # the backward recomputes X = h2·Wup + bup
+    "gemm_bias": EXAMPLES / "block_gemm_bias_grad.yaml",  # X stored ...
+    "gelu": EXAMPLES / "block_gelu_grad.yaml",  # ... and GELU a kernel of its own (the "split" MLP)
 }
 # piece -> the kernel's inputs, then its output, as derived_block calls it: (name, dims)
 SIGNATURES: dict[str, tuple[tuple[str, str], ...]] = {
@@ -73,6 +81,8 @@ SIGNATURES: dict[str, tuple[tuple[str, str], ...]] = {
     "attention_bnhd": (("Q", "B N H D"), ("K", "B N H D"), ("V", "B N H D"), ("O", "B N H D")),
     "gemm_residual": (("A", "M K"), ("B", "K N"), ("C0", "M N"), ("C", "M N")),
     "gemm_bias_gelu": (("A", "M K"), ("B", "K N"), ("bias", "N"), ("C", "M N")),
+    "gemm_bias": (("A", "M K"), ("B", "K N"), ("bias", "N"), ("C", "M N")),
+    "gelu": (("X", "R C"), ("U", "R C")),
 }
 Ops = dict[str, Callable[..., Any]]
 
@@ -113,13 +123,24 @@ def rmsnorm_math(torch: Any, x: Any, w: Any) -> Any:
     return y.to(x.dtype)
 
 
-LAYOUTS = ("bhnd", "bnhd")  # the derived attention's layout: piece "attention" / "attention_bnhd"
+# the derived block's variants: (the attention's layout, the MLP's up-projection + GELU)
+BLOCKS: dict[str, tuple[str, str]] = {"bhnd": ("bhnd", "fused"), "bnhd": ("bnhd", "fused"),
+                                      "bnhd_split": ("bnhd", "split")}
 
 
-def derived_block(x: Any, w: dict[str, Any], ops: Ops, s: Shape, layout: str) -> Any:
-    """The block on the derived pieces' interface: attention on contiguous [B, H, N, D] (q, k, v
+def pieces_of(block: str) -> tuple[str, ...]:
+    """The pieces a variant of the derived block calls."""
+    layout, mlp = BLOCKS[block]
+    return ("rmsnorm", "gemm", "attention_bnhd" if layout == "bnhd" else "attention", "gemm_residual",
+            *(("gemm_bias", "gelu") if mlp == "split" else ("gemm_bias_gelu",)))
+
+
+def derived_block(x: Any, w: dict[str, Any], ops: Ops, s: Shape, block: str) -> Any:
+    """The block on the derived pieces' interface.  Attention on contiguous [B, H, N, D] (q, k, v
     copied out of the heads of qkv, o merged back by a copy) or [B, N, H, D] (q, k, v copied out
-    of qkv, o a view)."""
+    of qkv, o a view); the MLP's GELU fused into the up-projection (its backward recomputes the
+    pre-activation by a GEMM) or split (the pre-activation stored, GELU element-wise)."""
+    layout, mlp = BLOCKS[block]
     h = ops["rmsnorm"](x, w["norm1"])
     qkv = ops["gemm"](h, w["qkv"]).view(s.batch, s.seq, 3, s.heads, s.head_dim)
     if layout == "bnhd":
@@ -129,7 +150,11 @@ def derived_block(x: Any, w: dict[str, Any], ops: Ops, s: Shape, layout: str) ->
         q, k, v = (t.contiguous() for t in qkv.permute(2, 0, 3, 1, 4).unbind(0))
         o = ops["attention"](q, k, v).permute(0, 2, 1, 3).reshape(s.tokens, s.d_model)
     x2 = ops["gemm_residual"](o, w["out"], x)
-    u = ops["gemm_bias_gelu"](ops["rmsnorm"](x2, w["norm2"]), w["up"], w["up_bias"])
+    h2 = ops["rmsnorm"](x2, w["norm2"])
+    if mlp == "split":
+        u = ops["gelu"](ops["gemm_bias"](h2, w["up"], w["up_bias"]))
+    else:
+        u = ops["gemm_bias_gelu"](h2, w["up"], w["up_bias"])
     return ops["gemm_residual"](u, w["down"], x2)
 
 
@@ -155,7 +180,9 @@ def torch_pieces(torch: Any, norm: Callable[..., Any]) -> Ops:
             "attention_bnhd": lambda q, k, v: F.scaled_dot_product_attention(
                 q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True).transpose(1, 2),
             "gemm_residual": lambda a, b, c0: torch.addmm(c0, a, b),
-            "gemm_bias_gelu": lambda a, b, bias: F.gelu(torch.addmm(bias, a, b), approximate="tanh")}
+            "gemm_bias_gelu": lambda a, b, bias: F.gelu(torch.addmm(bias, a, b), approximate="tanh"),
+            "gemm_bias": lambda a, b, bias: torch.addmm(bias, a, b),
+            "gelu": lambda x: F.gelu(x, approximate="tanh")}
 
 
 def weights(torch: Any, s: Shape, dtype: Any, device: str, seed: int = 0) -> dict[str, Any]:
@@ -340,8 +367,8 @@ def run(outdir: Path, out: Path) -> int:
     leaves = {"x": x, **w}
     norm = torch.compile(lambda a, b: rmsnorm_math(torch, a, b), dynamic=False)
 
-    def derived(layout: str) -> Callable[[], Any]:
-        return lambda: derived_block(x, w, ops, s, layout)
+    def derived(block: str) -> Callable[[], Any]:
+        return lambda: derived_block(x, w, ops, s, block)
 
     def reference(backend: Any) -> Callable[[], Any]:
         def block() -> Any:
@@ -363,22 +390,22 @@ def run(outdir: Path, out: Path) -> int:
 
     for name, backend in anchors.items():  # the anchors first: their compile warm-up is not timed
         rec.case(name, timed(name, reference(backend)))
-    for layout in LAYOUTS:
-        rec.case(f"derived_{layout}", timed(f"derived_{layout}", derived(layout)))
-    for layout in LAYOUTS:
-        if f"derived_{layout}" in times:
-            ms = times[f"derived_{layout}"]
-            rec(case=f"summary_{layout}", derived_ms=ms, tflops=round(flops / ms / 1e9, 1),
+    for block in BLOCKS:
+        rec.case(f"derived_{block}", timed(f"derived_{block}", derived(block)))
+    for block in BLOCKS:
+        if f"derived_{block}" in times:
+            ms = times[f"derived_{block}"]
+            rec(case=f"summary_{block}", derived_ms=ms, tflops=round(flops / ms / 1e9, 1),
                 **{f"ratio_vs_{a}": round(times[a] / ms, 3) for a in anchors if a in times},
                 note="ratio = PyTorch ms / derived ms (> 1: derived faster)")
 
-    for layout in LAYOUTS:
-        def check(layout: str = layout) -> dict[str, Any]:
-            errors = compare(torch, derived(layout), reference(SDPBackend.CUDNN_ATTENTION), leaves, target)
+    for block in BLOCKS:
+        def check(block: str = block) -> dict[str, Any]:
+            errors = compare(torch, derived(block), reference(SDPBackend.CUDNN_ATTENTION), leaves, target)
             bad = {k: e for k, e in errors.items() if not e < GRAD_TOL}
             return {"rel_err": {k: float(f"{e:.3e}") for k, e in errors.items()}, "tol": GRAD_TOL,
                     "ok": not bad, **({"over_tol": list(bad)} if bad else {})}
-        rec.case(f"check_loss_and_gradients_{layout}", check)
+        rec.case(f"check_loss_and_gradients_{block}", check)
     pieces(torch, rec, ops, torch_pieces(torch, norm), s)
     return 0 if all("error" not in r for r in rec.rows) else 1
 
@@ -399,7 +426,9 @@ def pieces(torch: Any, rec: Recorder, ops: Ops, ref: Ops, s: Shape) -> None:
             "attention": lambda: (t(*heads), t(*heads), t(*heads)),
             "attention_bnhd": lambda: tuple(t(s.batch, s.seq, s.heads, s.head_dim) for _ in range(3)),
             "gemm_residual": lambda: (t(T, mlp), t(mlp, d, std=mlp ** -0.5), t(T, d)),
-            "gemm_bias_gelu": lambda: (t(T, d), t(d, mlp, std=d ** -0.5), t(mlp, std=0.02))}
+            "gemm_bias_gelu": lambda: (t(T, d), t(d, mlp, std=d ** -0.5), t(mlp, std=0.02)),
+            "gemm_bias": lambda: (t(T, d), t(d, mlp, std=d ** -0.5), t(mlp, std=0.02)),
+            "gelu": lambda: (t(T, mlp),)}
     for piece, make in args.items():
         def case(piece: str = piece, make: Callable[[], tuple] = make) -> dict[str, Any]:
             xs = make()
@@ -428,17 +457,17 @@ def check_cpu() -> int:
     x, _, target = inputs(torch, s, torch.float64, "cpu")
     ops = torch_pieces(torch, norm)
     failed = []
-    for layout in LAYOUTS:
-        errors = compare(torch, lambda: derived_block(x, w, ops, s, layout), lambda: torch_block(torch, x, w, s, norm),
+    for block in BLOCKS:
+        errors = compare(torch, lambda: derived_block(x, w, ops, s, block), lambda: torch_block(torch, x, w, s, norm),
                          {"x": x, **w}, target)
-        print(f"derived glue ({layout}) vs PyTorch block, float64, {s}: "
+        print(f"derived glue ({block}) vs PyTorch block, float64, {s}: "
               + ", ".join(f"{k} {e:.1e}" for k, e in errors.items()))
-        failed += [f"{layout}:{k}" for k, e in errors.items() if not e < 1e-12]
+        failed += [f"{block}:{k}" for k, e in errors.items() if not e < 1e-12]
     print("FAILED: " + ", ".join(failed) if failed else "ok")
     return 1 if failed else 0
 
 
-def emu_ops(torch: Any, outdir: Path) -> Ops:
+def emu_ops(torch: Any, outdir: Path, needed: set[str]) -> Ops:
     """Each built piece run on the CPU through the emulation (codegen.emu: the printed kernel.cu,
     compiled by the host compiler) as a torch.autograd.Function: the forward kernel, then the
     backward kernels of grad.json (Training on device "emu")."""
@@ -460,17 +489,17 @@ def emu_ops(torch: Any, outdir: Path) -> Ops:
 
         return Piece.apply
 
-    return {piece: function(derivc.load_training(outdir / piece, device="emu")) for piece in PIECES}
+    return {piece: function(derivc.load_training(outdir / piece, device="emu")) for piece in needed}
 
 
-def check_emu(outdir: Path) -> int:
+def check_emu(outdir: Path, blocks: tuple[str, ...]) -> int:
     """The derived block on the built pieces (emulated on the CPU, fp16 as on the GPU) against the
     PyTorch block in float64 from the same fp16 weights and input, at a tiny size: loss, output
     and every gradient within GRAD_TOL (relative, in norm)."""
     import torch
 
     s = EMU
-    ops = emu_ops(torch, outdir)
+    ops = emu_ops(torch, outdir, {p for b in blocks for p in pieces_of(b)})
     norm = lambda a, b: rmsnorm_math(torch, a, b)  # noqa: E731
     w = weights(torch, s, torch.float16, "cpu")
     x, _, target = inputs(torch, s, torch.float16, "cpu")
@@ -478,13 +507,13 @@ def check_emu(outdir: Path) -> int:
     exact = {k: v.detach().double().requires_grad_(True) for k, v in leaves.items()}
     w64 = {k: v for k, v in exact.items() if k != "x"}
     failed = []
-    for layout in LAYOUTS:
+    for block in blocks:
         t0 = time.time()
-        errors = compare(torch, lambda: derived_block(x, w, ops, s, layout),
+        errors = compare(torch, lambda: derived_block(x, w, ops, s, block),
                          lambda: torch_block(torch, exact["x"], w64, s, norm), leaves, target.double(), exact)
-        print(f"derived block ({layout}, emulated) vs PyTorch float64, {s}: "
+        print(f"derived block ({block}, emulated) vs PyTorch float64, {s}: "
               + ", ".join(f"{k} {e:.1e}" for k, e in errors.items()) + f" ({time.time() - t0:.0f} s)", flush=True)
-        failed += [f"{layout}:{k}" for k, e in errors.items() if not e < GRAD_TOL]
+        failed += [f"{block}:{k}" for k, e in errors.items() if not e < GRAD_TOL]
     print("FAILED: " + ", ".join(failed) if failed else "ok")
     return 1 if failed else 0
 
@@ -496,12 +525,13 @@ def main() -> int:
     sub.add_parser("run", help="time on the GPU").add_argument("outdir", type=Path)
     sub.add_parser("check", help="the glue against the PyTorch block, tiny, CPU torch").add_argument(
         "--builds", type=Path, help="prepare's OUTDIR: the derived block on the emulated pieces instead")
+    sub.choices["check"].add_argument("--blocks", nargs="*", choices=tuple(BLOCKS), help="with --builds: these variants")
     a = ap.parse_args()
     if a.cmd == "prepare":
         return prepare(a.outdir)
     if a.cmd == "run":
         return run(a.outdir, Path(os.environ.get("OUT", "/tmp")))
-    return check_emu(a.builds) if a.builds else check_cpu()
+    return check_emu(a.builds, tuple(a.blocks or BLOCKS)) if a.builds else check_cpu()
 
 
 if __name__ == "__main__":
