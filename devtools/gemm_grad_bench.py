@@ -12,7 +12,7 @@ Cases, fp16 in, fp32 accumulation, M = N = K = n for n in 4096, 8192:
   relu_bwd / gelu_bwd / gelu_bwd_block
                the whole backward of C = act(A·B + bias) (dX, dA, dB, dbias: every kernel of
                grad.json as load_training(...).backward runs them; gelu_bwd_block:
-               examples/block_gemm_bias_gelu_grad.yaml, dbias as 64 partial column sums) vs
+               devtools/train_block/block_gemm_bias_gelu_grad.yaml, dbias as 64 partial column sums) vs
                torch.autograd.grad of act(addmm(bias, A, B)) (PyTorch saves X: no recompute)
 ratio = PyTorch ms / derived ms (> 1: derived faster).  TFLOP/s count 2·n³ per GEMM (the dX kernel
 one GEMM, a whole backward three: dX's recompute, dA and dB).  Device time: CUDA events around
@@ -40,6 +40,11 @@ sys.path[:0] = [str(ROOT), str(ROOT / "devtools")]
 from train_step_bench import DEVICE, Recorder, device_ms, rel, spec_digest  # noqa: E402
 
 EXAMPLES = ROOT / "examples"
+BLOCK = ROOT / "devtools" / "train_block"  # the training block's pieces (bench inputs, not CI examples)
+
+
+def spec_of(name: str) -> Path:
+    return BLOCK / f"{name}.yaml" if name.startswith("block_") else spec_of(name)
 RESULT = "gemm_grad_bench.json"
 SIZES = (4096, 8192)
 TRAINING = ("gemm_bias_relu_grad", "gemm_bias_gelu_grad", "block_gemm_bias_gelu_grad")  # builds with grad.json
@@ -60,7 +65,7 @@ def prepare(outdir: Path) -> int:
     for name in BUILDS:
         t0 = time.time()
         try:
-            build_to(EXAMPLES / f"{name}.yaml", outdir / name, seed=1, proofs=False)
+            build_to(spec_of(name), outdir / name, seed=1, proofs=False)
             if name in TRAINING:
                 t = derivc.load_training(outdir / name, device="emu")
                 what = "backward kernels " + ", ".join(e.name for e in t.manifest.kernels)
@@ -71,7 +76,7 @@ def prepare(outdir: Path) -> int:
             failed.append(name)
             print(f"{name}: FAILED: {type(exc).__name__}: {exc}", flush=True)
             traceback.print_exc()
-    (outdir / "builds.json").write_text(json.dumps({n: spec_digest(EXAMPLES / f"{n}.yaml") for n in BUILDS}, indent=1))
+    (outdir / "builds.json").write_text(json.dumps({n: spec_digest(spec_of(n)) for n in BUILDS}, indent=1))
     size = sum(f.stat().st_size for f in outdir.rglob("*") if f.is_file())
     print(f"{outdir}: {size / 2**20:.1f} MiB" + (f"; FAILED: {', '.join(failed)}" if failed else ""), flush=True)
     return 1 if failed else 0
@@ -86,7 +91,7 @@ def run(outdir: Path, out: Path) -> int:
     rec = Recorder(out / RESULT)
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     recorded = json.loads((outdir / "builds.json").read_text())
-    stale = [n for n in BUILDS if recorded.get(n) != spec_digest(EXAMPLES / f"{n}.yaml")]
+    stale = [n for n in BUILDS if recorded.get(n) != spec_digest(spec_of(n))]
     if stale:
         print(f"WARNING: {', '.join(stale)} changed since prepare (the builds run as built)", flush=True)
     torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False  # fp32 accumulation

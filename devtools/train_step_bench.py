@@ -3,14 +3,14 @@ derived kernels, against the same block in PyTorch (issue 17's end-to-end target
 
 The block, pre-norm, on x [T, d] fp16 (T = B·N tokens; real size: B = 4, N = 4096, d = 2048,
 16 heads of 128, MLP 4·d), every weight an fp16 leaf, x requiring its gradient too:
-    h  = RMSNorm(x; w1)                 derived: examples/block_rmsnorm_grad.yaml (C = 2048)
-    qkv = h · Wqkv                      derived: examples/block_gemm_grad.yaml (wgmma fwd, dA NT, dB TN)
+    h  = RMSNorm(x; w1)                 derived: devtools/train_block/block_rmsnorm_grad.yaml (C = 2048)
+    qkv = h · Wqkv                      derived: devtools/train_block/block_gemm_grad.yaml (wgmma fwd, dA NT, dB TN)
     o  = causal attention(q, k, v)      derived: examples/flash_attention_wgmma_grad.yaml ([B, H, N, D])
-                                        or examples/block_attention_bnhd_grad.yaml ([B, N, H, D]),
+                                        or devtools/train_block/block_attention_bnhd_grad.yaml ([B, N, H, D]),
                                         wgmma forward and backward
-    x2 = o · Wo + x                     derived: examples/block_gemm_residual_grad.yaml
+    x2 = o · Wo + x                     derived: devtools/train_block/block_gemm_residual_grad.yaml
     h2 = RMSNorm(x2; w2)
-    u  = GELU_tanh(h2 · Wup + bup)      derived: examples/block_gemm_bias_gelu_grad.yaml (GELU the
+    u  = GELU_tanh(h2 · Wup + bup)      derived: devtools/train_block/block_gemm_bias_gelu_grad.yaml (GELU the
                                         GEMM's epilogue; the backward recomputes the pre-activation),
                                         or block_gemm_bias_grad.yaml + block_gelu_grad.yaml ("split":
                                         the pre-activation stored, GELU element-wise, as PyTorch does)
@@ -55,6 +55,7 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 EXAMPLES = ROOT / "examples"
+BLOCK = ROOT / "devtools" / "train_block"  # the block's own pieces: bench inputs, not CI examples
 RESULT = "train_step_bench.json"
 DEVICE = "cuda"  # the run step's tensors
 EPS = 1e-6  # block_rmsnorm_grad.yaml's eps
@@ -64,14 +65,14 @@ GRAD_TOL = 2e-2  # derived vs PyTorch: fp16 roundings only (the 200-step test's 
 
 # piece -> its spec (each built with its backward; OUTDIR/<piece> after prepare)
 PIECES: dict[str, Path] = {
-    "rmsnorm": EXAMPLES / "block_rmsnorm_grad.yaml",
-    "gemm": EXAMPLES / "block_gemm_grad.yaml",
+    "rmsnorm": BLOCK / "block_rmsnorm_grad.yaml",
+    "gemm": BLOCK / "block_gemm_grad.yaml",
     "attention": EXAMPLES / "flash_attention_wgmma_grad.yaml",  # [B, H, N, D]
-    "attention_bnhd": EXAMPLES / "block_attention_bnhd_grad.yaml",  # [B, N, H, D]: no head copies
-    "gemm_residual": EXAMPLES / "block_gemm_residual_grad.yaml",
-    "gemm_bias_gelu": EXAMPLES / "block_gemm_bias_gelu_grad.yaml",  # the backward recomputes X = h2·Wup + bup
-    "gemm_bias": EXAMPLES / "block_gemm_bias_grad.yaml",  # X stored ...
-    "gelu": EXAMPLES / "block_gelu_grad.yaml",  # ... and GELU a kernel of its own (the "split" MLP)
+    "attention_bnhd": BLOCK / "block_attention_bnhd_grad.yaml",  # [B, N, H, D]: no head copies
+    "gemm_residual": BLOCK / "block_gemm_residual_grad.yaml",
+    "gemm_bias_gelu": BLOCK / "block_gemm_bias_gelu_grad.yaml",  # the backward recomputes X = h2·Wup + bup
+    "gemm_bias": BLOCK / "block_gemm_bias_grad.yaml",  # X stored ...
+    "gelu": BLOCK / "block_gelu_grad.yaml",  # ... and GELU a kernel of its own (the "split" MLP)
 }
 # piece -> the kernel's inputs, then its output, as derived_block calls it: (name, dims)
 SIGNATURES: dict[str, tuple[tuple[str, str], ...]] = {
