@@ -199,29 +199,39 @@ def test_read_tuning_reapplies_the_rule(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def gemm_tuned(example_build) -> Path:
-    """The run's shared build of examples/gemm_splitk_tiles_tuned.yaml (seed 0, no proofs)."""
-    b = example_build(Path(__file__).resolve().parents[1] / "examples" / "gemm_splitk_tiles_tuned.yaml")
+def decode_tuned(example_build) -> Path:
+    """The run's shared build of examples/decode_splitkv_tuned.yaml (seed 0, no proofs): 8 chains."""
+    b = example_build(Path(__file__).resolve().parents[1] / "examples" / "decode_splitkv_tuned.yaml")
     assert b.rc == 0, b.stderr
     return b.out
 
 
-def test_candidates_of_the_tuned_gemm_build(gemm_tuned):
-    """The tuner's view of each built variant (through the CPU emulation's loaders): grid blocks
-    of its first kernel at the shape, its split factor, resident blocks by threads / shared memory."""
+def test_candidates_of_the_tuned_decode_build(decode_tuned):
+    """The tuner's view of each built variant (loaded through the CPU emulation's loaders): the grid
+    blocks of its first kernel (the partial folds) at the shape, its split factor (from its
+    SPLIT-KV step), resident blocks by threads / shared memory; and what the rule skips."""
     from codegen.tune_cmd import _first_printed, _split_factor, candidate
     from codegen.tuned import open_variant
     from compiler.variant_build import built_dirs
 
-    sizes = {"M": 8192, "N": 8192, "K": 1024}
     limits = {"max_threads": 2048, "smem_per_sm": 233472, "max_blocks": 32}
-    cands = {name: candidate(name, _first_printed(open_variant(d, device="emu")), _split_factor(d), sizes, limits)
-             for name, d in built_dirs(gemm_tuned).items()}
-    for name, c in cands.items():
-        choice = dict(part.rsplit("-", 1) for part in name.replace("_split", "|split").replace("_tile", "|tile").split("|"))
-        ti, tj, s = int(choice["tile_i"]), int(choice["tile_j"]), int(choice["split_k"])
-        assert c.splits == s, name
-        assert c.blocks == math.ceil(8192 / ti) * math.ceil(8192 / tj) * s, name
-        assert c.resident == 1, name  # 3-4 stages of A / B tiles: one block's shared memory per SM
-    skip = skipped(tuple(cands.values()), SMS)
-    assert set(skip) == {n for n, c in cands.items() if c.splits > 1}  # 512+ output tiles: no split pays
+    dirs = built_dirs(decode_tuned)
+    assert len(dirs) == 8
+    loaded = {name: (_first_printed(open_variant(d, device="emu")), _split_factor(d)) for name, d in dirs.items()}
+
+    def cands(b, h, nq, nk):
+        sizes = {"B": b, "H": h, "Nq": nq, "Nk": nk}
+        return {n: candidate(n, pr, sp, sizes, limits) for n, (pr, sp) in loaded.items()}
+
+    for (b, h, nq, nk) in [(1, 32, 1, 32768), (64, 8, 1, 2048), (2, 3, 17, 100)]:
+        for name, c in cands(b, h, nq, nk).items():
+            choice = dict(part.split("-") for part in name.split("_"))
+            assert c.splits == int(choice["splits"]), name
+            assert c.blocks == b * h * math.ceil(nq / 16) * c.splits, name  # one one-warp block per split and 16 rows
+    at = cands(1, 32, 1, 32768)
+    # a K / V ring of 3 stages holds more shared memory: fewer resident blocks than 2 stages
+    assert at["splits-16_stages-3"].resident < at["splits-16_stages-2"].resident
+    assert skipped(tuple(at.values()), SMS) == {}
+    # 64 x 8 pairs at Nk = 2048: only S = 8 (4096 blocks) is not over-split
+    at = cands(64, 8, 1, 2048)
+    assert set(at) - set(skipped(tuple(at.values()), SMS)) == {"splits-8_stages-2", "splits-8_stages-3"}
