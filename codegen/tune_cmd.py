@@ -91,7 +91,7 @@ def device_error(got: Any, ref: Any) -> float:
     ninf = r == -torch.inf
     if not torch.equal(g[ninf], r[ninf]):
         return float("inf")
-    g, r = torch.where(ninf, 0.0, g), torch.where(ninf, 0.0, r)
+    g, r = g.masked_fill(ninf, 0.0), r.masked_fill(ninf, 0.0)
     if not bool(torch.isfinite(g).all()):
         return float("inf")
     den = float(r.norm())
