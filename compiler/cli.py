@@ -564,6 +564,10 @@ def make_parser() -> argparse.ArgumentParser:
     tune.add_argument("-o", "--output", default=None, help="with a schedule file: build it into DIR first")
     tune.add_argument("--sizes", action="append", default=[], help="one shape, e.g. M=128,N=4096,K=4096 (repeat)")
     tune.add_argument("--seed", type=int, default=0)
+    tune.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                      help="stop measuring new shapes after this long (they run the default; the first is always measured)")
+    tune.add_argument("--keep", type=int, default=None,
+                      help="finalists timed in full per shape, by a short screen (default 3; compiler/tuning_table.py)")
     tune.add_argument("--no-proofs", action="store_true", help="with a schedule file: build without proofs")
     tune.set_defaults(func=_dispatch("codegen.tune_cmd", "tune", lambda: gpu_missing("torch", "triton")),
                       extras_ok=False)

@@ -15,6 +15,7 @@ slot, the combine adds them in split order).
 """
 from __future__ import annotations
 
+import argparse
 import math
 import re
 import sys
@@ -139,6 +140,50 @@ def test_two_runs_same_bits(chain):
     torch.cuda.synchronize()
     assert torch.equal(o1, o2) and all(torch.equal(x, y) for x, y in zip(p1, p2))
 
+
+
+TUNED_DECODE = {"decode_splitkv_tuned.yaml": ("B", "H", 1), "decode_splitkv_gqa_tuned.yaml": ("B", "HK", 4)}
+
+
+@pytest.mark.parametrize("example", sorted(TUNED_DECODE))
+def test_tuned_decode_dispatch(example, tmp_path):
+    """The tuned decode examples: `derivc tune` (the pruning rule) at a long-cache and a many-pairs
+    shape, the table re-checked, and the loaded TunedChain running the recorded variant per
+    bucket, against float64, same bits twice; a bucket nobody measured runs the default."""
+    import json
+
+    import torch
+
+    import derivc
+    from codegen import tune_cmd
+    from compiler.cli import build_to
+    from compiler.tuning_table import bucket, read_tuning
+    from compiler.variant_build import built_dirs
+
+    heads, hk_name, group = TUNED_DECODE[example]
+    out = tmp_path / "tuned"
+    build_to(ROOT / "examples" / example, out, proofs=False)
+    shapes = [(1, 32 // group, 8192), (16, 8 // group * 2, 1000)]  # (B, K/V heads, Nk)
+    args = argparse.Namespace(dir=str(out), output=None, no_proofs=True, seed=0, budget=None, keep=2,
+                              sizes=[f"B={b},{hk_name}={hk},Nq=1,Nk={nk}" for b, hk, nk in shapes])
+    assert tune_cmd.main(args) == 0
+    table = read_tuning(out, set(built_dirs(out)))
+    chain = derivc.load(out)
+    for b, hk, nk in shapes + [(3, 2, 77)]:
+        g = torch.Generator(device="cuda").manual_seed(nk + b)
+        q = torch.randn(b, hk * group, 1, 128, device="cuda", generator=g).half()
+        k = torch.randn(b, hk, nk, 128, device="cuda", generator=g).half()
+        v = torch.randn(b, hk, nk, 128, device="cuda", generator=g).half()
+        qx = q if group == 1 else q.view(b, hk, group, 1, 128)
+        row = table["buckets"].get(bucket({"B": b, hk_name: hk, "Nq": 1, "Nk": nk}, tuple(table["dynamic"])))
+        want_variant = row["variant"] if row else json.loads((out / "variants.json").read_text())["default"]
+        assert chain.variant_at(tuple(tuple(x.shape) for x in (qx, k, v))) == want_variant
+        o1, o2 = chain(qx, k, v), chain(qx, k, v)
+        torch.cuda.synchronize()
+        assert torch.equal(o1, o2)
+        want = reference(torch, q, k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1))
+        err = (o1.reshape(b, hk * group, 1, 128).double() - want).norm() / want.norm()
+        assert err < 5e-3, f"{example} {want_variant}: relative error {err:.3g} at B={b} Nk={nk}"
 
 def bench(shapes=SHAPES, iters: int = 50) -> None:
     """Decode timings: derivc's two kernels vs torch SDPA, and the bandwidth of reading K and V."""
