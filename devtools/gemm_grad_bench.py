@@ -44,7 +44,7 @@ BLOCK = ROOT / "devtools" / "train_block"  # the training block's pieces (bench 
 
 
 def spec_of(name: str) -> Path:
-    return BLOCK / f"{name}.yaml" if name.startswith("block_") else spec_of(name)
+    return BLOCK / f"{name}.yaml" if name.startswith("block_") else EXAMPLES / f"{name}.yaml"
 RESULT = "gemm_grad_bench.json"
 SIZES = (4096, 8192)
 TRAINING = ("gemm_bias_relu_grad", "gemm_bias_gelu_grad", "block_gemm_bias_gelu_grad")  # builds with grad.json
