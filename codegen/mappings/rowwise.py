@@ -23,7 +23,10 @@ refused by name and the next mapping — SIMT — prints the kernel):
 - a `for` over column tiles (ONLINE-AGG's streaming fold) with a fixed number of tiles, each
   tile a whole number of sweeps (T = K·NT·V columns), carrying per-row state: every thread
   holds its K vectors of the tile, a tile reduction is a block reduction over the tile, the
-  states are updated at once after each tile (the loop is unrolled: the row stays in registers);
+  states are updated at once after each tile (the loop is unrolled: the row stays in registers).
+  Over a row that is not cached (too long for the registers: a vocabulary row) the tiles are
+  read from memory in a rolled loop and may end past the row (the last tile's sweeps guarded):
+  ONLINE-AGG's one pass for the max and the sum;
 - the store `Out[lead, c]` without a guard, with an element-wise value in c.
 
 Element-wise values read the cached rows at their own column, other tensors at [lead…, column]
@@ -185,7 +188,7 @@ class _Printer(RowMemory, RowReductions, DynamicRowSweeps, PeeledRowSweeps):
                     return f"sc_{x.tensor}"
                 if x.tensor in self.states and not x.idx:
                     return f"st_{x.tensor}"
-                return self.tensor_read(x, var, loads, seen)
+                return self.tensor_read(x, var, loads, seen, column)
             if isinstance(x, IndexValue):
                 return index_value_c(x.aff, names)
             if isinstance(x, Bin):
@@ -201,7 +204,10 @@ class _Printer(RowMemory, RowReductions, DynamicRowSweeps, PeeledRowSweeps):
 
         return loads, go(e)
 
-    def tensor_read(self, x: Read, var: str, loads: list[str], seen: dict[Read, str]) -> str:
+    def tensor_read(self, x: Read, var: str, loads: list[str], seen: dict[Read, str], column: Aff | None = None) -> str:
+        """A read of an input in an element-wise value over var: at the column (a vector, var the
+        row's column or a tile's; `column` is then var's place in the row), or at a row index."""
+        column = Aff.of(var) if column is None else column
         if x.tensor not in {t.name for t in self.k.inputs}:
             raise refuse(f"read of {x.tensor}, which is neither an input, a cached row nor a scalar")
         if x in seen:
@@ -210,8 +216,8 @@ class _Printer(RowMemory, RowReductions, DynamicRowSweeps, PeeledRowSweeps):
             raise refuse(f"rank-0 tensor {x.tensor}")
         last = x.idx[-1]
         if var in last.names() or any(var in a.names() for a in x.idx[:-1]):
-            if last != Aff.of(var):
-                raise refuse(f"{x.tensor} is read at column {last}, not at {var}")
+            if last != column:
+                raise refuse(f"{x.tensor} is read at column {last}, not at {column}")
             lead = self.row_lead(x, f"read of {x.tensor}")
             self.row_dim_ok(x.tensor)
             off = self.offset(x.tensor, lead, "col0")
@@ -334,15 +340,21 @@ class _Printer(RowMemory, RowReductions, DynamicRowSweeps, PeeledRowSweeps):
             raise refuse(f"tile loop over {s.var}: its tile buffers do not have one tile length ({sorted(lens)})")
         t = lens.pop()
         per = self.threads * self.vec
-        if t % per or tiles * (t // per) != self.sweeps:
+        # a cached row is indexed by the sweep: the tiles are exactly its sweeps; a row read from
+        # memory (too long for the registers) may end inside the last tile, its sweeps guarded
+        in_memory = not self.cached
+        if t % per or (tiles * (t // per) < self.sweeps if in_memory else tiles * (t // per) != self.sweeps):
             raise refuse(f"tile loop over {s.var}: {tiles} tiles of {t} columns are not whole sweeps of "
                          f"{self.threads} x {self.vec} covering the row ({self.sweeps} sweeps)")
+        if tiles * t > self.row:
+            self.tail = True
         for st in s.state:
             if st.acc is not None and st.acc.dtype != "f32":
                 raise refuse(f"state {st.name} accumulates in {st.acc.dtype}")
             self.lines.append(f"float st_{st.name} = {self.scalar(st.init)};")
         self.names[s.var] = "(long long)co_"
-        self.lines += ["#pragma unroll", f"for (int co_ = 0; co_ < {tiles}; ++co_) {{"]
+        mark = len(self.moved)
+        self.lines += ["#pragma unroll 1" if in_memory else "#pragma unroll", f"for (int co_ = 0; co_ < {tiles}; ++co_) {{"]
         outer, self.lines = self.lines, []
         self.states |= {st.name for st in s.state}
         self.tile = (s.var, t, t // per)
@@ -355,6 +367,7 @@ class _Printer(RowMemory, RowReductions, DynamicRowSweeps, PeeledRowSweeps):
         self.lines += [f"const float n_{name} = {v};" for name, v in updates]
         self.lines += [f"st_{name} = n_{name};" for name, _ in updates]
         self.lines = outer + ["    " + x for x in self.lines] + ["}"]
+        self.count_pass(mark)  # the tiles together are one pass over the row
         self.tile = None
         for x in s.body:
             self.tilebufs.pop(x.buf.name, None)
