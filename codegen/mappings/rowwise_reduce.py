@@ -14,6 +14,7 @@ from .rowwise_plan import fixed_value, refuse
 
 
 def pins(c: object, var: str, point: DataRead) -> bool:
+    """c is the guard `var == point`."""
     return isinstance(c, DataCond) and c.op == "==" and {c.lhs, c.rhs} == {Aff.of(var), point}
 
 
@@ -31,7 +32,8 @@ def gather_point(e: Reduce) -> DataRead | None:
 
 
 class RowReductions:
-    """Mixed into the rowwise printer: row reductions and gathers, printed into self.lines."""
+    """Mixed into the rowwise printer: row reductions and gathers, printed into self.lines (the
+    sweeps, element-wise values, operators and fresh names are the printer's own)."""
 
     k: Kernel
     names: dict[str, str]
