@@ -23,7 +23,10 @@ refused by name and the next mapping — SIMT — prints the kernel):
 - a `for` over column tiles (ONLINE-AGG's streaming fold) with a fixed number of tiles, each
   tile a whole number of sweeps (T = K·NT·V columns), carrying per-row state: every thread
   holds its K vectors of the tile, a tile reduction is a block reduction over the tile, the
-  states are updated at once after each tile (the loop is unrolled: the row stays in registers);
+  states are updated at once after each tile (the loop is unrolled: the row stays in registers).
+  Over a row that is not cached (too long for the registers: a vocabulary row) the tiles are
+  read from memory in a rolled loop and may end past the row (the last tile's sweeps guarded):
+  ONLINE-AGG's one pass for the max and the sum;
 - the store `Out[lead, c]` without a guard, with an element-wise value in c.
 
 Element-wise values read the cached rows at their own column, other tensors at [lead…, column]
@@ -31,21 +34,27 @@ Element-wise values read the cached rows at their own column, other tensors at [
 Reading a cached row at another column, a reduction inside an element-wise value, a buffer with
 more than one dimension, a shared-memory row, a register row or a tile loop over a row of
 dynamic length is refused by name.
+
+The printer is this module (the statements, element-wise and per-row values, the sweeps, the
+kernel around them) and its parts: the plan and the refusal (rowwise_plan.py), the vector loads
+and stores and the pass count (rowwise_memory.py), the row reductions and gathers
+(rowwise_reduce.py), a dynamic row's register prefix (rowwise_dynamic.py), a peeled fixed row
+(rowwise_peel.py).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
-from compiler.ir import Aff, Bin, Const, DataCond, DataRead, Expr, IndexValue, Read, Reduce, Select, Un, walk
-from compiler.ir import Mapping as IrMapping
+from compiler.ir import Aff, Bin, Const, Expr, IndexValue, Read, Reduce, Select, Un
 from compiler.machine import DTYPES
 
-from .cexpr import aff_c, conds_c, data_read_c, float_const_c, gt_c, index_value_c, size_names, unary_c
+from .cexpr import aff_c, conds_c, float_const_c, gt_c, index_value_c, size_names, unary_c
 from .rowwise_dynamic import DynamicRowSweeps
+from .rowwise_memory import RowMemory
 from .rowwise_peel import PeeledRowSweeps, can_peel, uniform
-from ..kir.ir import Compute, Kernel, LaneDim, Stage, TileLoop, sub_expressions
-from ..kir.lower import UnsupportedMapping
+from .rowwise_plan import MAX_UNROLLED_SWEEPS, RowPlan, fixed_value, refuse, row_of_reductions
+from .rowwise_reduce import RowReductions
+from ..kir.ir import Compute, Kernel, Stage, TileLoop
 from ..source import KernelSource, Launch
 from .templates_env import render_template
 
@@ -55,101 +64,22 @@ NAME = "rowwise"
 # H200 (perf/2026-11-30f/row/run2) it speeds the fold up (2.34 -> 2.72 TB/s) and slows the
 # two-pass kernels down by about 8 % (3.83 -> 3.53 TB/s).  None forces it on or off.
 STREAM_HINTS: bool | None = None
-_RAW = {16: "uint4", 8: "uint2", 4: "unsigned", 2: "unsigned short"}
 
 
-def _refuse(what: str) -> UnsupportedMapping:
-    return UnsupportedMapping(f"rowwise mapping: {what}")
-
-
-# threads per row of a kernel that stores one value per row (no column loop to map): an
-# instruction choice of this printer, like the vector width
-PER_ROW_THREADS = 256
-# sweeps over a row (not a register row) unrolled in full up to this many
-MAX_UNROLLED_SWEEPS = 16
-
-
-def _row_of_reductions(k: Kernel) -> LaneDim:
-    """The row of a kernel with no lane (loss[r] = … sum(k < C: …) …): the one extent of its
-    reductions, which the block's threads stride over (a stand-in lane the store never uses)."""
-    exts = {x.ext for x in sub_expressions(k) if isinstance(x, Reduce)}
-    if len(exts) != 1 or any(isinstance(s, TileLoop) for s in k.body):
-        raise _refuse(f"the kernel is not one row per block: no lane, and {len(exts)} reduction extents "
-                      f"({', '.join(sorted(map(str, exts)))}) or a tile loop")
-    ext = exts.pop()
-    fixed = _fixed(ext.single()[0], k) if len(ext.parts) == 1 and ext.parts[0][1] == 1 else None
-    return LaneDim("col_", fixed, IrMapping("thread", "", PER_ROW_THREADS), None if fixed else ext)
-
-
-def _pins(c: object, var: str, point: DataRead) -> bool:
-    return isinstance(c, DataCond) and c.op == "==" and {c.lhs, c.rhs} == {Aff.of(var), point}
-
-
-def _point(e: Reduce) -> DataRead | None:
-    """The data D of a sum whose guard pins its index to it (`g == D`, D not reading g): a gather."""
-    if e.op != "sum" or not isinstance(e.body, Select) or e.body.other != Const(0.0) or len(e.ext.parts) != 1 \
-            or e.ext.parts[0][1] != 1:
-        return None
-    for c in e.body.conds:
-        if isinstance(c, DataCond) and c.op == "==":
-            for side in (c.lhs, c.rhs):
-                if isinstance(side, DataRead) and e.var not in side.names() and _pins(c, e.var, side):
-                    return side
-    return None
-
-
-@dataclass(frozen=True)
-class RowPlan:
-    """The instruction choices: threads per row, vector width, vectors per thread."""
-
-    threads: int  # threads that own columns (the PARALLEL count)
-    block: int  # threads per block (a whole number of warps)
-    row: int | None  # C, the row length (elements); None: dynamic, a kernel argument
-    vec: int  # elements per vector access (a dynamic row: where aligned, else 1)
-    sweeps: int | None  # vectors per thread (None: as many as the row takes)
-    tail: bool  # the last sweep is partly past the row end (guarded)
-    rows_cached: tuple[str, ...]
-    reductions: tuple[str, ...]
-    stream_hints: bool  # .cs loads of the staged rows and stores of the output
-    mma: None = None  # no tensor-core instruction
-    peeled: bool = False  # a fixed row cut at its first 16-byte boundary (rowwise_peel.py)
-    # per tensor, the sweeps over the row that load or store it in memory (not from registers)
-    row_passes: tuple[tuple[str, int], ...] = ()
-
-
-def _pieces(esize: int, vec: int) -> list[tuple[int, int, int]]:
-    """(bytes, first element, 32-bit words) of each access of a vector of `vec` elements."""
-    nbytes = esize * vec
-    if nbytes < 4:
-        return [(nbytes, e, 0) for e in range(vec)]
-    piece = min(16, nbytes)
-    return [(piece, p * piece // esize, piece // 4) for p in range(nbytes // piece)]
-
-
-def _words(q: str, n: int) -> list[str]:
-    return [q] if n == 1 else [f"{q}.{c}" for c in "xyzw"[:n]]
-
-
-def _fixed(a: Aff, k: Kernel) -> int | None:
-    for n, v in k.fixed().items():
-        a = a.subst(n, Aff.lit(v))
-    return a.const if a.is_const() else None
-
-
-class _Printer(DynamicRowSweeps, PeeledRowSweeps):
+class _Printer(RowMemory, RowReductions, DynamicRowSweeps, PeeledRowSweeps):
     def __init__(self, k: Kernel, vec: int | None = None, peel: bool = False):
         """vec: the vector width of a row of dynamic length (the caller prints one body per width);
         peel: a fixed row the vector does not divide is cut at its first 16-byte boundary."""
         self.k = k
         if len(k.lanes) > 1:
-            raise _refuse(f"the kernel is not one row per block: {len(k.lanes)} lane dimensions (one column loop expected)")
-        lane = k.lanes[0] if k.lanes else _row_of_reductions(k)
+            raise refuse(f"the kernel is not one row per block: {len(k.lanes)} lane dimensions (one column loop expected)")
+        lane = k.lanes[0] if k.lanes else row_of_reductions(k)
         m = lane.mapping
         if m is None or m.level != "thread" or not m.count:
-            raise _refuse(f"the kernel is not one row per block: column loop {lane.var} is not mapped to threads "
-                          "(PARALLEL to: thread with a count)")
+            raise refuse(f"the kernel is not one row per block: column loop {lane.var} is not mapped to threads "
+                         "(PARALLEL to: thread with a count)")
         if m.count > 1024:
-            raise _refuse(f"{m.count} threads per row is more than a block (1024)")
+            raise refuse(f"{m.count} threads per row is more than a block (1024)")
         self.col, self.row, self.threads = lane.var, lane.extent, m.count
         self.per_row = not k.lanes  # one value per row: the store is a scalar
         self.block = -(-m.count // 32) * 32  # threads past the count own no column
@@ -161,7 +91,7 @@ class _Printer(DynamicRowSweeps, PeeledRowSweeps):
         if self.row is None:  # a dynamic row: threads stride over it, every sweep guarded
             num, div = lane.ext.parts[0] if len(lane.ext.parts) == 1 else (None, 0)
             if div != 1:
-                raise _refuse(f"the row length {lane.ext} is not a size expression")
+                raise refuse(f"the row length {lane.ext} is not a size expression")
             self.row_aff = num
             self.row_c = f"(long long){aff_c(num, self.names)}"
             self.vec = vec or 1
@@ -197,91 +127,6 @@ class _Printer(DynamicRowSweeps, PeeledRowSweeps):
     def fresh(self, base: str) -> str:
         self.tmp += 1
         return f"{base}{self.tmp}"
-
-    def strides(self, name: str) -> list[str]:
-        dims = self.k.tensor(name).dims
-        out, acc = [], "1LL"
-        for d in reversed(dims):
-            out.append(acc)
-            acc = f"{acc} * (long long){aff_c(d, self.names)}"
-        return list(reversed(out))
-
-    def row_lead(self, r: Read, what: str) -> tuple[Aff, ...]:
-        """The read's leading indices, which must use grid variables and sizes only."""
-        lead = r.idx[:-1]
-        sizes = {n for n, _ in self.k.sizes}
-        for a in lead:
-            if not a.names() <= self.grid_vars | sizes:
-                raise _refuse(f"{what}: index {a} of {r.tensor} is not a row index (grid variables and sizes only)")
-        return lead
-
-    def offset(self, name: str, lead: tuple[Aff, ...], last: str) -> str:
-        if last == "col0":
-            self.row_accesses.add((name, lead))
-        parts = [f"(long long){aff_c(a, self.names)} * {s}" for a, s in zip(lead, self.strides(name))]
-        return " + ".join(parts + [last])
-
-    def row_dim_ok(self, name: str) -> None:
-        dim = self.k.tensor(name).dims[-1]
-        if (dim != self.row_aff) if self.row is None else (_fixed(dim, self.k) != self.row):
-            raise _refuse(f"tensor {name}'s last dimension {self.k.tensor(name).dims[-1]} is not the row length {self.row}")
-
-    def load_vec(self, name: str, off: str, dst: str, stream: bool = False) -> list[str]:
-        """V elements of tensor `name` at element offset `off` into floats dst[0..V) (vector loads of
-        at most 16 bytes, elements taken from the loaded words by shifts: no type punning)."""
-        dt = DTYPES[self.k.tensor(name).dtype]
-        self.moved.append(name)
-        out = [f"float {dst}[{self.vec}];"]
-        for piece, first, words in _pieces(dt.bytes, self.vec):
-            q = self.fresh("q_")
-            if words == 0:  # one 2-byte element
-                out.append(f"{dst}[{first}] = {dt.name}_to_f32(p_{name}[{off} + {first}]);")
-                continue
-            ptr = f"p_{name} + {off} + {first}"
-            if stream and piece == 16:
-                out.append(f"const uint4 {q} = ld_stream_u4({ptr});")
-            else:
-                out.append(f"const {_RAW[piece]} {q} = *reinterpret_cast<const {_RAW[piece]}*>({ptr});")
-            w = _words(q, words)
-            for e in range(piece // dt.bytes):
-                if dt.bytes == 4:
-                    out.append(f"{dst}[{first + e}] = __uint_as_float({w[e]});")
-                else:
-                    word = w[e // 2]
-                    half = f"(unsigned short)({word} & 0xffffu)" if e % 2 == 0 else f"(unsigned short)({word} >> 16)"
-                    out.append(f"{dst}[{first + e}] = {dt.name}_to_f32({half});")
-        return out
-
-    def store_vec(self, name: str, off: str, values: list[str]) -> list[str]:
-        """values (C floats, one per element) to tensor `name` at element offset `off`."""
-        dt = DTYPES[self.k.tensor(name).dtype]
-        self.moved.append(name)
-        out = []
-        conv = [self.fresh("o_") for _ in values]
-        for c, v in zip(conv, values):
-            out.append(f"const {dt.ctype} {c} = f32_to_{dt.name}({v});")
-        for piece, first, words in _pieces(dt.bytes, self.vec):
-            if words == 0:
-                out.append(f"p_{name}[{off} + {first}] = {conv[first]};")
-                continue
-            ws = []
-            for wi in range(words):
-                if dt.bytes == 4:
-                    ws.append(f"__float_as_uint({conv[first + wi]})")
-                else:
-                    lo, hi = conv[first + 2 * wi], conv[first + 2 * wi + 1]
-                    ws.append(f"((unsigned){lo} | ((unsigned){hi} << 16))")
-            val = {1: ws[0], 2: f"make_uint2({', '.join(ws)})", 4: f"make_uint4({', '.join(ws)})"}[words]
-            if self.stream and piece == 16:
-                out.append(f"st_stream_u4(p_{name} + {off} + {first}, {val});")
-            else:
-                out.append(f"*reinterpret_cast<{_RAW[piece]}*>(p_{name} + {off} + {first}) = {val};")
-        return out
-
-    def count_pass(self, mark: int) -> None:
-        """One more pass over the row for each tensor moved in memory since `mark`."""
-        for name in set(self.moved[mark:]):
-            self.passes[name] = self.passes.get(name, 0) + 1
 
     def sweep_row(self, make: Callable[[], list[str]]) -> list[str]:
         """The sweep over the row (not a tile) of the body `make` prints, by the row's kind."""
@@ -332,18 +177,18 @@ class _Printer(DynamicRowSweeps, PeeledRowSweeps):
             if isinstance(x, Read):
                 if x.tensor in self.cached:
                     if x.idx != (column,):
-                        raise _refuse(f"the cached row {x.tensor} is read at {x.idx[0]}, not at the column {column}")
+                        raise refuse(f"the cached row {x.tensor} is read at {x.idx[0]}, not at the column {column}")
                     return f"xb_{x.tensor}[k][j]"
                 if x.tensor in self.tilebufs:
                     if not tile or x.idx != (Aff.of(var),):
-                        raise _refuse(f"the tile buffer {x.tensor} is read at {', '.join(map(str, x.idx))}, "
-                                      f"not at the tile column {var}")
+                        raise refuse(f"the tile buffer {x.tensor} is read at {', '.join(map(str, x.idx))}, "
+                                     f"not at the tile column {var}")
                     return f"tb_{x.tensor}[kk][j]"
                 if x.tensor in self.scalars and not x.idx:
                     return f"sc_{x.tensor}"
                 if x.tensor in self.states and not x.idx:
                     return f"st_{x.tensor}"
-                return self.tensor_read(x, var, loads, seen)
+                return self.tensor_read(x, var, loads, seen, column)
             if isinstance(x, IndexValue):
                 return index_value_c(x.aff, names)
             if isinstance(x, Bin):
@@ -354,22 +199,25 @@ class _Printer(DynamicRowSweeps, PeeledRowSweeps):
             if isinstance(x, Select):
                 return f"({conds_c(x.conds, names)} ? {go(x.then)} : {go(x.other)})"
             if isinstance(x, Reduce):
-                raise _refuse(f"a reduction over {x.var} inside an element-wise value (over {var})")
-            raise _refuse(f"no element-wise form for {type(x).__name__}")
+                raise refuse(f"a reduction over {x.var} inside an element-wise value (over {var})")
+            raise refuse(f"no element-wise form for {type(x).__name__}")
 
         return loads, go(e)
 
-    def tensor_read(self, x: Read, var: str, loads: list[str], seen: dict[Read, str]) -> str:
+    def tensor_read(self, x: Read, var: str, loads: list[str], seen: dict[Read, str], column: Aff | None = None) -> str:
+        """A read of an input in an element-wise value over var: at the column (a vector, var the
+        row's column or a tile's; `column` is then var's place in the row), or at a row index."""
+        column = Aff.of(var) if column is None else column
         if x.tensor not in {t.name for t in self.k.inputs}:
-            raise _refuse(f"read of {x.tensor}, which is neither an input, a cached row nor a scalar")
+            raise refuse(f"read of {x.tensor}, which is neither an input, a cached row nor a scalar")
         if x in seen:
             return seen[x]
         if not x.idx:
-            raise _refuse(f"rank-0 tensor {x.tensor}")
+            raise refuse(f"rank-0 tensor {x.tensor}")
         last = x.idx[-1]
         if var in last.names() or any(var in a.names() for a in x.idx[:-1]):
-            if last != Aff.of(var):
-                raise _refuse(f"{x.tensor} is read at column {last}, not at {var}")
+            if last != column:
+                raise refuse(f"{x.tensor} is read at column {last}, not at {column}")
             lead = self.row_lead(x, f"read of {x.tensor}")
             self.row_dim_ok(x.tensor)
             off = self.offset(x.tensor, lead, "col0")
@@ -382,7 +230,7 @@ class _Printer(DynamicRowSweeps, PeeledRowSweeps):
             sizes = {n for n, _ in self.k.sizes}
             for a in x.idx:
                 if not a.names() <= self.grid_vars | sizes:
-                    raise _refuse(f"{x.tensor}[{', '.join(map(str, x.idx))}]: index {a} is neither a row nor a column index")
+                    raise refuse(f"{x.tensor}[{', '.join(map(str, x.idx))}]: index {a} is neither a row nor a column index")
             dt = DTYPES[self.k.tensor(x.tensor).dtype]
             off = " + ".join(f"(long long){aff_c(a, self.names)} * {s}" for a, s in zip(x.idx, self.strides(x.tensor)))
             seen[x] = f"{dt.name}_to_f32(p_{x.tensor}[{off}])"
@@ -400,7 +248,7 @@ class _Printer(DynamicRowSweeps, PeeledRowSweeps):
             return f"rescale({a}, {b})"
         if op == "gt":
             return gt_c(a, b)
-        raise _refuse(f"operator {op}")
+        raise refuse(f"operator {op}")
 
     # ------------------------------------------------------------------ per-row (scalar) values
     def scalar(self, e: Expr) -> str:
@@ -412,13 +260,13 @@ class _Printer(DynamicRowSweeps, PeeledRowSweeps):
             if e.tensor in self.states and not e.idx:
                 return f"st_{e.tensor}"
             if e.tensor in self.cached or e.tensor in self.tilebufs:
-                raise _refuse(f"the cached row {e.tensor} is read outside a row reduction or the store")
+                raise refuse(f"the cached row {e.tensor} is read outside a row reduction or the store")
             if any(self.col in a.names() for a in e.idx):
-                raise _refuse(f"a per-row value reads {e.tensor} at the column {self.col}")
+                raise refuse(f"a per-row value reads {e.tensor} at the column {self.col}")
             return self.tensor_read(e, self.col, [], {})
         if isinstance(e, IndexValue):
             if self.col in e.aff.names():
-                raise _refuse(f"a per-row value uses the column {self.col}")
+                raise refuse(f"a per-row value uses the column {self.col}")
             return index_value_c(e.aff, self.names)
         if isinstance(e, Bin):
             return self.binary(e.op, self.scalar(e.a), self.scalar(e.b))
@@ -426,95 +274,27 @@ class _Printer(DynamicRowSweeps, PeeledRowSweeps):
             return unary_c(e.op, self.scalar(e.a))
         if isinstance(e, Select):
             if any(self.col in c.names() for c in e.conds):
-                raise _refuse(f"a per-row value has a condition on the column {self.col}")
+                raise refuse(f"a per-row value has a condition on the column {self.col}")
             return f"({conds_c(e.conds, self.names)} ? {self.scalar(e.then)} : {self.scalar(e.other)})"
         if isinstance(e, Reduce):
             return self.row_reduce(e)
-        raise _refuse(f"no per-row form for {type(e).__name__}")
-
-    def row_reduce(self, e: Reduce) -> str:
-        if e.op not in ("sum", "max"):
-            raise _refuse(f"reduction {e.op}")
-        point = _point(e)
-        if point is not None:
-            return self.point_sum(e, point)
-        if e.mma is not None:
-            raise _refuse(f"the row reduction over {e.var} is mapped to {e.mma.instr}")
-        n = e.ext.single()[0] if len(e.ext.parts) == 1 and e.ext.parts[0][1] == 1 else None
-        spans_row = n is not None and (n == self.row_aff if self.row is None else _fixed(n, self.k) == self.row)
-        n = _fixed(n, self.k) if n is not None else None
-        tile = self.tile is not None and n == self.tile[1] and any(
-            isinstance(x, Read) and x.tensor in self.tilebufs for x in walk(e.body))
-        if not spans_row and not tile:
-            raise _refuse(f"the reduction over {e.var} < {e.ext} spans neither the row of {self.row} columns "
-                          "nor a tile buffer of the current tile")
-        acc = self.fresh("red_")
-        init, step = ("0.0f", f"{acc} += v_;") if e.op == "sum" else ("neg_inf()", f"{acc} = fmaxf({acc}, v_);")
-
-        def body() -> list[str]:
-            loads, value = self.elementwise(e.body, e.var, tile)
-            return loads + ["#pragma unroll", f"for (int j = 0; j < {self.vec}; ++j) {{",
-                            f"    const float v_ = {value}; {step}", "}"]
-
-        self.lines.append(f"float {acc} = {init};")
-        mark = len(self.moved)
-        self.lines += self.sweep(body(), tile) if tile else self.sweep_row(body)
-        self.count_pass(mark)
-        self.lines.append(f"{acc} = block_{e.op}<{self.block // 32}>({acc}, red_smem_);")
-        self.reductions.append(f"{e.op} over {e.var}")
-        return acc
-
-    def point_sum(self, e: Reduce, point: DataRead) -> str:
-        """A gather: sum(g < E: [g == D && rest] ? v : 0) is v at g = D where D is in [0, E) and
-        rest holds there, else 0 — one read of D and of v per row (every thread the same
-        addresses), no sweep and no block reduction."""
-        assert isinstance(e.body, Select)
-        at = self.fresh("pt_")
-        inside, value = data_read_c(point, self.names)
-        names = {**self.names, e.var: at}
-        rest = tuple(c for c in e.body.conds if not _pins(c, e.var, point))
-        live = f"0 <= {at} && {at} < (long long){aff_c(e.ext.single()[0], self.names)}"
-        acc = self.fresh("red_")
-        self.lines += [f"const long long {at} = ({inside}) ? {value} : -1LL;",
-                       f"float {acc} = 0.0f;",
-                       f"if ({live} && {conds_c(rest, names)}) {acc} = {self.point_value(e.body.then, names)};"]
-        self.reductions.append(f"gather over {e.var}")
-        return acc
-
-    def point_value(self, e: Expr, names: dict[str, str]) -> str:
-        """An element-wise value at one point (indices printed by `names`): reads of inputs,
-        sizes and indices as values, constants, operators."""
-        if isinstance(e, Const):
-            return float_const_c(e.value)
-        if isinstance(e, Read):
-            if e.tensor not in {t.name for t in self.k.inputs} or not e.idx:
-                raise _refuse(f"the gathered value reads {e.tensor}, not an input")
-            dt = DTYPES[self.k.tensor(e.tensor).dtype]
-            off = " + ".join(f"(long long){aff_c(a, names)} * {st}" for a, st in zip(e.idx, self.strides(e.tensor)))
-            return f"{dt.name}_to_f32(p_{e.tensor}[{off}])"
-        if isinstance(e, IndexValue):
-            return index_value_c(e.aff, names)
-        if isinstance(e, Bin):
-            return self.binary(e.op, self.point_value(e.a, names), self.point_value(e.b, names))
-        if isinstance(e, Un):
-            return unary_c(e.op, self.point_value(e.a, names))
-        raise _refuse(f"no gathered form for {type(e).__name__}")
+        raise refuse(f"no per-row form for {type(e).__name__}")
 
     # ------------------------------------------------------------------ statements
     def stage(self, s: Stage) -> None:
         b = s.buf
         if self.row is None:
-            raise _refuse(f"staged buffer {b.name}: a row of dynamic length {self.row_aff} has no register copy")
+            raise refuse(f"staged buffer {b.name}: a row of dynamic length {self.row_aff} has no register copy")
         if len(b.dims) != 1 or b.dims[0][1] != self.row:
-            raise _refuse(f"staged buffer {b.name} is not one row of {self.row} elements")
+            raise refuse(f"staged buffer {b.name} is not one row of {self.row} elements")
         if b.level != "register":
-            raise _refuse(f"staged buffer {b.name} is at level {b.level}; this mapping keeps rows in registers")
+            raise refuse(f"staged buffer {b.name} is at level {b.level}; this mapping keeps rows in registers")
         if b.stages != 1:
-            raise _refuse(f"staged buffer {b.name} asks for {b.stages} pipeline stages")
+            raise refuse(f"staged buffer {b.name} asks for {b.stages} pipeline stages")
         r0 = b.dims[0][0]
         v = s.value
         if not (isinstance(v, Read) and v.tensor == b.source and v.idx and v.idx[-1] == Aff.of(r0)):
-            raise _refuse(f"staged buffer {b.name} is not a plain row copy {b.source}[…, {r0}]")
+            raise refuse(f"staged buffer {b.name} is not a plain row copy {b.source}[…, {r0}]")
         lead = self.row_lead(v, f"staged buffer {b.name}")
         self.row_dim_ok(v.tensor)
         dst = self.fresh("ld_")
@@ -533,8 +313,8 @@ class _Printer(DynamicRowSweeps, PeeledRowSweeps):
         b = s.buf
         if b.dims:
             if self.tile is None or len(b.dims) != 1 or b.dims[0][1] != self.tile[1] or b.level != "register":
-                raise _refuse(f"computed buffer {b.name}[{', '.join(f'{v} < {n}' for v, n in b.dims)}] @{b.level} is "
-                              "neither a per-row scalar nor a register tile of the current tile loop")
+                raise refuse(f"computed buffer {b.name}[{', '.join(f'{v} < {n}' for v, n in b.dims)}] @{b.level} is "
+                             "neither a per-row scalar nor a register tile of the current tile loop")
             loads, value = self.elementwise(s.value, b.dims[0][0], tile=True)
             kt = self.tile[2]
             self.lines.append(f"float tb_{b.name}[{kt}][{self.vec}];")
@@ -548,27 +328,33 @@ class _Printer(DynamicRowSweeps, PeeledRowSweeps):
 
     def tile_loop(self, s: TileLoop) -> None:
         if self.tile is not None:
-            raise _refuse(f"tile loop over {s.var} inside another tile loop")
+            raise refuse(f"tile loop over {s.var} inside another tile loop")
         if self.row is None:
-            raise _refuse(f"tile loop over {s.var}: the row's length {self.row_aff} is dynamic (a fold unrolls fixed tiles)")
-        n = _fixed(s.ext.single()[0], self.k) if len(s.ext.parts) == 1 else None
+            raise refuse(f"tile loop over {s.var}: the row's length {self.row_aff} is dynamic (a fold unrolls fixed tiles)")
+        n = fixed_value(s.ext.single()[0], self.k) if len(s.ext.parts) == 1 else None
         tiles = -(-n // s.ext.parts[0][1]) if n is not None else None
         if tiles is None:
-            raise _refuse(f"tile loop over {s.var} < {s.ext} has no fixed number of tiles")
+            raise refuse(f"tile loop over {s.var} < {s.ext} has no fixed number of tiles")
         lens = {b.buf.dims[0][1] for b in s.body if isinstance(b, Compute) and len(b.buf.dims) == 1}
         if len(lens) != 1:
-            raise _refuse(f"tile loop over {s.var}: its tile buffers do not have one tile length ({sorted(lens)})")
+            raise refuse(f"tile loop over {s.var}: its tile buffers do not have one tile length ({sorted(lens)})")
         t = lens.pop()
         per = self.threads * self.vec
-        if t % per or tiles * (t // per) != self.sweeps:
-            raise _refuse(f"tile loop over {s.var}: {tiles} tiles of {t} columns are not whole sweeps of "
-                          f"{self.threads} x {self.vec} covering the row ({self.sweeps} sweeps)")
+        # a cached row is indexed by the sweep: the tiles are exactly its sweeps; a row read from
+        # memory (too long for the registers) may end inside the last tile, its sweeps guarded
+        in_memory = not self.cached
+        if t % per or (tiles * (t // per) < self.sweeps if in_memory else tiles * (t // per) != self.sweeps):
+            raise refuse(f"tile loop over {s.var}: {tiles} tiles of {t} columns are not whole sweeps of "
+                         f"{self.threads} x {self.vec} covering the row ({self.sweeps} sweeps)")
+        if tiles * t > self.row:
+            self.tail = True
         for st in s.state:
             if st.acc is not None and st.acc.dtype != "f32":
-                raise _refuse(f"state {st.name} accumulates in {st.acc.dtype}")
+                raise refuse(f"state {st.name} accumulates in {st.acc.dtype}")
             self.lines.append(f"float st_{st.name} = {self.scalar(st.init)};")
         self.names[s.var] = "(long long)co_"
-        self.lines += ["#pragma unroll", f"for (int co_ = 0; co_ < {tiles}; ++co_) {{"]
+        mark = len(self.moved)
+        self.lines += ["#pragma unroll 1" if in_memory else "#pragma unroll", f"for (int co_ = 0; co_ < {tiles}; ++co_) {{"]
         outer, self.lines = self.lines, []
         self.states |= {st.name for st in s.state}
         self.tile = (s.var, t, t // per)
@@ -576,11 +362,12 @@ class _Printer(DynamicRowSweeps, PeeledRowSweeps):
             if isinstance(x, Compute):
                 self.compute(x)
             else:
-                raise _refuse(f"{type(x).__name__} inside the tile loop over {s.var}")
+                raise refuse(f"{type(x).__name__} inside the tile loop over {s.var}")
         updates = [(st.name, self.scalar(st.update)) for st in s.state]
         self.lines += [f"const float n_{name} = {v};" for name, v in updates]
         self.lines += [f"st_{name} = n_{name};" for name, _ in updates]
         self.lines = outer + ["    " + x for x in self.lines] + ["}"]
+        self.count_pass(mark)  # the tiles together are one pass over the row
         self.tile = None
         for x in s.body:
             self.tilebufs.pop(x.buf.name, None)
@@ -592,16 +379,16 @@ class _Printer(DynamicRowSweeps, PeeledRowSweeps):
         if self.per_row:
             lead = self.row_lead(Read(st.tensor, st.index + (Aff.lit(0),)), "the store")
             if st.guard:
-                raise _refuse(f"the store is guarded ({' && '.join(map(str, st.guard))})")
+                raise refuse(f"the store is guarded ({' && '.join(map(str, st.guard))})")
             value = self.scalar(st.value)
             dt = DTYPES[out.dtype]
             off = " + ".join(f"(long long){aff_c(a, self.names)} * {s}" for a, s in zip(lead, self.strides(out.name)))
             self.lines.append(f"if (threadIdx.x == 0) p_{out.name}[{off or '0'}] = f32_to_{dt.name}({value});")
             return
         if st.guard:
-            raise _refuse(f"the store is guarded ({' && '.join(map(str, st.guard))}); a row store writes the whole row")
+            raise refuse(f"the store is guarded ({' && '.join(map(str, st.guard))}); a row store writes the whole row")
         if not st.index or st.index[-1] != Aff.of(self.col):
-            raise _refuse(f"the store {st.tensor}[{', '.join(map(str, st.index))}] does not write column {self.col} last")
+            raise refuse(f"the store {st.tensor}[{', '.join(map(str, st.index))}] does not write column {self.col} last")
         lead = self.row_lead(Read(st.tensor, st.index), "the store")
         self.row_dim_ok(out.name)
 
@@ -620,7 +407,7 @@ def render(k: Kernel, options: tuple[str, ...]) -> tuple[KernelSource, Launch, R
     try:
         return _render(k, options)
     except KeyError as exc:  # an index with no C name here: a column index used outside its place
-        raise _refuse(f"index {exc.args[0]}") from None
+        raise refuse(f"index {exc.args[0]}") from None
 
 
 def _body(k: Kernel, vec: int | None = None, peel: bool = False) -> _Printer:
@@ -633,7 +420,7 @@ def _body(k: Kernel, vec: int | None = None, peel: bool = False) -> _Printer:
         elif isinstance(s, TileLoop):
             p.tile_loop(s)
         else:
-            raise _refuse(f"statement {type(s).__name__}")
+            raise refuse(f"statement {type(s).__name__}")
     p.store()
     return p
 
