@@ -135,7 +135,7 @@ def _forward_threads(spec: dict, count: int) -> dict:
 ROW_SPECS = [_spec(e) for e in ("softmax_online", "softmax_dynamic", "rmsnorm", "rmsnorm_dynamic", "layernorm",
                                 "layernorm_dynamic")] + [
     _forward_threads(_spec(e), 256) for e in ("softmax_dynamic", "rmsnorm_dynamic")] + [
-    _spec(e, f"{e}_{c}", C=c) for e in ("softmax_vocab", "cross_entropy") for c in VOCABS] + [
+    _spec(e, f"{e}_{c}", C=c) for e in ("softmax_vocab", "softmax_vocab_online", "cross_entropy") for c in VOCABS] + [
     _spec("cross_entropy_grad", "cross_entropy_grad_50257", C=50257),
     _threads(_spec("cross_entropy_grad", "cross_entropy_grad_128256", C=128256), "dX", 1024)]
 
@@ -230,6 +230,7 @@ def _vocab_rows(v: int, soft, xent, xent_grad) -> None:
         return
     cases = (
         ("softmax", f"softmax_vocab_{v}", lambda k: k(xv), lambda: soft(xv), 2 * xbytes),
+        ("softmax one-pass max + sum", f"softmax_vocab_online_{v}", lambda k: k(xv), lambda: soft(xv), 2 * xbytes),
         ("cross-entropy", f"cross_entropy_{v}", lambda k: k(xv, t32), lambda: xent(xv, t), xbytes),
         ("cross-entropy backward dX", f"cross_entropy_grad_{v}/grad/dX", lambda k: k(xv, t32, g),
          lambda: xent_grad(xv, t, g), 2 * xbytes),
