@@ -558,7 +558,7 @@ def make_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=0)
     run.set_defaults(func=_dispatch("codegen.run_cmd", "run", lambda: gpu_missing("torch")), extras_ok=False)
 
-    tune = sub.add_parser("tune", help="time a build's schedule variants per shape on the GPU (needs CuPy, torch, triton), "
+    tune = sub.add_parser("tune", help="time a build's schedule variants per shape on the GPU (needs CuPy, torch), "
                                             "write DIR/tuning.json")
     tune.add_argument("dir", help="a build of a schedule with variants: (or a schedule file, with -o DIR)")
     tune.add_argument("-o", "--output", default=None, help="with a schedule file: build it into DIR first")
@@ -569,7 +569,7 @@ def make_parser() -> argparse.ArgumentParser:
     tune.add_argument("--keep", type=int, default=None,
                       help="finalists timed in full per shape, by a short screen (default 3; compiler/tuning_table.py)")
     tune.add_argument("--no-proofs", action="store_true", help="with a schedule file: build without proofs")
-    tune.set_defaults(func=_dispatch("codegen.tune_cmd", "tune", lambda: gpu_missing("torch", "triton")),
+    tune.set_defaults(func=_dispatch("codegen.tune_cmd", "tune", lambda: gpu_missing("torch")),
                       extras_ok=False)
 
     bench = sub.add_parser("bench", help="time derived kernels against cuBLAS / torch SDPA on the GPU (needs CuPy, torch, triton)")
