@@ -561,7 +561,7 @@ def mask_context(mask: FoldMask, plan: AttentionPlan) -> dict:
     n_full = full if key_tile == Aff.of(mask.ktile) else f"max(0LL, ((long long){full} - {b} + {a - 1}) / {a})"
     return dict(has_mask=bool(mask.conds), mask_keep=keep, mask_partial=partial, mask_empty=empty,
                 n_tiles_expr=n_tiles, key_tile_c=key_tile_c, n_full_expr=n_full,
-                n_start_expr=n_start, span_decls=span_decls,
+                n_start_expr=n_start, span_decls=span_decls, ring_start_expr=f"max(0, {LO})" if spans else "0",
                 heavy_first=len(mask.ext.parts) > 1 or or_end is not None, general_score=mask.score is not None, score_value=score,
                 score_decls=uniform_decls)
 
