@@ -92,14 +92,17 @@ class SkipDataSpan(Rule):
         size = sizes.pop()
         reasons = []
         for k in common:
-            span = self._span(prog, d, named[0][k], p.index, size, reasons)
-            if span is not None:
-                return {"span": span, "comparison": k, "site": fold}
+            found = self._span(prog, d, named[0][k], p.index, size, reasons)
+            if found is not None:
+                span, row = found
+                return {"span": span, "comparison": k, "cond": named[0][k], "row": row, "site": fold}
         if not common:
             raise self.fail(f"no data comparison guards every contribution of the fold over {p.index}")
         raise self.fail(reasons[0])
 
-    def _span(self, prog: Program, d, c: DataCond, index: str, size: int, reasons: list[str]) -> DataSpan | None:
+    def _span(self, prog: Program, d, c: DataCond, index: str, size: int,
+              reasons: list[str]) -> tuple[DataSpan, str] | None:
+        """The span of the comparison c and its first row variable (else None, a reason appended)."""
         if c.op != "==" or not (isinstance(c.lhs, DataRead) and isinstance(c.rhs, DataRead)):
             reasons.append(f"the data comparison {c} is not an equality of two reads (A[..] == B[..])")
             return None
@@ -128,7 +131,7 @@ class SkipDataSpan(Rule):
             q = q.subst(v, Aff.of(f"{SPAN_ROW}{n}"))
             private.append((f"{SPAN_ROW}{n}", ext))
         k = DataRead(key.tensor, tuple(Aff.of(SPAN_KEY) if n == at[0] else a for n, a in enumerate(key.idx)), key.dims)
-        return DataSpan(q, tuple(private), k, key.dims[at[0]], Aff.of(index), size)
+        return DataSpan(q, tuple(private), k, key.dims[at[0]], Aff.of(index), size), rows[0][0]
 
     def rewrite(self, prog: Program, p: SkipDataSpanParams, facts: Facts) -> Program:
         d = prog.def_named(p.def_)
