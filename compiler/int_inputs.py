@@ -76,3 +76,15 @@ def span_holds(query: np.ndarray, row_axes: tuple[int, ...], key: np.ndarray, ti
     last = np.where(hit, pos, -1).max(axis=-1, initial=-1)
     lo, hi = first // size, np.where(last >= 0, last // size + 1, 0)
     return (lo <= tile) & (tile < hi)
+
+
+def sequence_ids(cu_seqlens: np.ndarray) -> np.ndarray:
+    """The sequence-id tensor of packed variable-length sequences from their offsets (the
+    `cu_seqlens` form: [0, n0, n0 + n1, ..., T], S + 1 entries): Seq[t] = s for
+    cu_seqlens[s] <= t < cu_seqlens[s + 1], int32, T entries (what the varlen examples take as Seq;
+    a sequence of length 0 takes no token).  ValueError for offsets that do not start at 0 or
+    decrease."""
+    off = np.asarray(cu_seqlens).astype(np.int64).ravel()
+    if off.size == 0 or off[0] != 0 or (np.diff(off) < 0).any():
+        raise ValueError("cu_seqlens must start at 0 and never decrease (the packed sequences' offsets)")
+    return np.repeat(np.arange(off.size - 1, dtype=np.int32), np.diff(off))
