@@ -3,11 +3,12 @@ conjunct, a data-derived key-tile span (compiler.ir_index.DataSpan).
 
 The span exports as `spanHas h nk size tile` (proofs_ci/coq/Rules/MaskData.v) with
 
-    h = fun p_ => anyBelow R (fun r_ => valid r_ && Z.leb (query r_) (key p_))
-               && anyBelow R (fun r_ => valid r_ && Z.leb (key p_) (query r_))
+    h = spanHit Z.leb (fun r_ => query r_) (fun r_ => valid r_) R (fun p_ => key p_)
 
-(`valid r_`: every index of the query read inside its dimension), i.e. key[p_] lies between the
-least and greatest value of the box's rows, exactly the interpreters' definition.
+(MaskData.v: h p holds where key p lies between the least and greatest value of the valid rows;
+`valid r_`: the query read's row-dependent indices inside their dimensions; the block's indices
+are inside theirs at every point the span is used), the interpreters' definition.  The reads sit
+in lambdas with no comparison of their own, so the obligations' case splits never enter them.
 
 The step's obligation is the cover: at every point of the definition (its loop bounds and store
 guard), every key column c < size at a key position inside its tensor, the comparison
@@ -30,11 +31,12 @@ def span_bool(ex, c: DataSpan, env: dict):
         raise ExportError(f"a data span over {len(c.rows)} row variables has no Coq form (one row variable only)")
     (rv, n), = c.rows
     renv = {**env, rv: ("idx", V("r_")), SPAN_KEY: ("idx", V("p_"))}
-    valid = ex.conds_bool(tuple(Cond(a, "<", dim) for a, dim in zip(c.query.idx, c.query.dims)), renv)
-    q, k = ex.data_side(c.query, renv), ex.data_side(c.key, renv)
-    below = A("anyBelow", N(n), Lam(["r_"], A("andb", valid, A("zleb", q, k))))
-    above = A("anyBelow", N(n), Lam(["r_"], A("andb", valid, A("zleb", k, q))))
-    h = Lam(["p_"], A("andb", below, above))
+    # the row's validity: the query read's indices that move with the row (the others are the
+    # block's, inside their dimensions wherever the span is used: the definition's loop bounds)
+    moving = tuple(Cond(a, "<", dim) for a, dim in zip(c.query.idx, c.query.dims) if rv in a.names())
+    valid = ex.conds_bool(moving, renv) if moving else V("true")
+    q, k = Lam(["r_"], ex.data_side(c.query, renv)), Lam(["p_"], ex.data_side(c.key, renv))
+    h = A("spanHit", A("zleb"), q, Lam(["r_"], valid), N(n), k)
     return A("spanHas", h, ex.aff(c.key_dim, env), N(c.size), ex.aff(c.tile, env))
 
 
@@ -55,14 +57,14 @@ def ob_mask_data(rec, before: Program, after: Program) -> Obligation:
     row = _c(ex.aff(Aff.of(f["row"]), {}))
     # the reads compared in the guard and in the span are one atom for lia once their indices are
     # equated (derivc_zunify); the validity of the row is its loop and store bounds
-    side = "cbv beta; apply andb_true_intro; split; [ repeat (apply andb_true_intro; split); apply Nat.ltb_lt; lia |" \
+    side = "cbv beta; apply andb_true_intro; split; [ first [ reflexivity | repeat (apply andb_true_intro; split); apply Nat.ltb_lt; lia ] |" \
            " derivc_zhyps; apply Z.leb_le; derivc_zunify; lia ]"
     proof = (f"intros.\n  apply (span_cover_at _ _ _ _ ({pos})); [ lia | lia | lia | ].\n"
-             f"  cbv beta; apply andb_true_intro; split; apply (anyBelow_intro _ _ ({row})); try lia.\n"
+             f"  unfold spanHit; cbv beta; apply andb_true_intro; split; apply (anyBelow_intro _ _ ({row})); try lia.\n"
              f"  - {side}.\n  - {side}.")
     pos_l, row_l = _l(ex.aff(span.tile.scale(span.size) + column, {})), _l(ex.aff(Aff.of(f["row"]), {}))
     lean = (f"by\n  intros\n  refine span_cover_at _ _ _ _ ({pos_l}) (by omega) (by omega) (by omega) ?_\n"
-            f"  simp only [Bool.and_eq_true]\n"
+            f"  simp only [spanHit, Bool.and_eq_true]\n"
             f"  refine ⟨anyBelow_intro _ _ ({row_l}) (by omega) ?_, anyBelow_intro _ _ ({row_l}) (by omega) ?_⟩\n"
             f"  all_goals simp_all [zleb, zeqb] <;> omega")
     ob = _ob(rec, "span_cover", status="partial", checked=(

@@ -35,6 +35,12 @@ def spanHas (h : Nat → Bool) (nk size t : Nat) : Bool :=
   (Nat.ble (firstHit h nk / size) t) &&
     (Nat.blt t (match lastHit h nk with | 0 => 0 | l + 1 => l / size + 1))
 
+/-- the span of a comparison query == key: key p lies between the least and greatest value of
+the valid rows r < rows (the exported form; `leb` the values' order) -/
+def spanHit {A : Type} (leb : A → A → Bool) (q : Nat → A) (ok : Nat → Bool) (rows : Nat)
+    (k : Nat → A) (p : Nat) : Bool :=
+  anyBelow rows (fun r => ok r && leb (q r) (k p)) && anyBelow rows (fun r => ok r && leb (k p) (q r))
+
 theorem firstHit_le (h : Nat → Bool) (n p : Nat) (hp : p < n) (hh : h p = true) :
     firstHit h n ≤ p := by
   induction n with

@@ -43,6 +43,13 @@ Definition spanHas (h : nat -> bool) (nk size t : nat) : bool :=
   andb (Nat.leb (firstHit h nk / size) t)
        (Nat.ltb t (match lastHit h nk with O => O | S l => l / size + 1 end)).
 
+(* the span of a comparison query == key: h p says key p lies between the least and greatest
+   value of the valid rows r < rows (the exported form; `leb` the values' order, Z.leb) *)
+Definition spanHit {A : Type} (leb : A -> A -> bool) (q : nat -> A) (ok : nat -> bool) (rows : nat)
+    (k : nat -> A) (p : nat) : bool :=
+  andb (anyBelow rows (fun r => andb (ok r) (leb (q r) (k p))))
+       (anyBelow rows (fun r => andb (ok r) (leb (k p) (q r)))).
+
 Lemma firstHit_le_n : forall h n, firstHit h n <= n.
 Proof.
   induction n as [|n IH]; cbn [firstHit]; [lia|].
