@@ -1,7 +1,7 @@
 """Obligations of MASK-DATA (compiler/rules/skip_data_span.py) and the Coq / Lean form of its
 conjunct, a data-derived key-tile span (compiler.ir_index.DataSpan).
 
-The span exports as `spanHas h nk size tile` (proofs_ci/coq/Rules/MaskData.v) with
+The span exports as `spanLo h nk size <= tile < spanHi h nk size` (spanHas unfolded; proofs_ci/coq/Rules/MaskData.v) with
 
     h = spanHit Z.leb (fun r_ => query r_) (fun r_ => valid r_) R (fun p_ => key p_)
 
@@ -25,8 +25,8 @@ from .obligations_terms import A, ExportError, Lam, N, V
 from .rules.skip_data_span import COLUMN
 
 
-def span_bool(ex, c: DataSpan, env: dict):
-    """The span conjunct as a boolean term (Coq and Lean: spanHas)."""
+def span_ends(ex, c: DataSpan, env: dict):
+    """The span's ends (spanLo, spanHi of MaskData.v) as terms."""
     if len(c.rows) != 1:
         raise ExportError(f"a data span over {len(c.rows)} row variables has no Coq form (one row variable only)")
     (rv, n), = c.rows
@@ -37,7 +37,22 @@ def span_bool(ex, c: DataSpan, env: dict):
     valid = ex.conds_bool(moving, renv) if moving else V("true")
     q, k = Lam(["r_"], ex.data_side(c.query, renv)), Lam(["p_"], ex.data_side(c.key, renv))
     h = A("spanHit", A("zleb"), q, Lam(["r_"], valid), N(n), k)
-    return A("spanHas", h, ex.aff(c.key_dim, env), N(c.size), ex.aff(c.tile, env))
+    return A("spanLo", h, ex.aff(c.key_dim, env), N(c.size)), A("spanHi", h, ex.aff(c.key_dim, env), N(c.size))
+
+
+def span_bool(ex, c: DataSpan, env: dict):
+    """The span conjunct as a boolean term: spanLo <= tile < spanHi, two index comparisons (the
+    obligations' case splits and lia take the ends as atoms); spanHas unfolded."""
+    lo, hi = span_ends(ex, c, env)
+    t = ex.aff(c.tile, env)
+    return A("andb", A("leb", lo, t), A("ltb", t, hi))
+
+
+def span_prop(ex, c: DataSpan, env: dict):
+    """The span conjunct as a proposition (a hypothesis lia reads)."""
+    lo, hi = span_ends(ex, c, env)
+    t = ex.aff(c.tile, env)
+    return ("conj", [("le", lo, t), ("lt", t, hi)])
 
 
 def ob_mask_data(rec, before: Program, after: Program) -> Obligation:
@@ -52,7 +67,7 @@ def ob_mask_data(rec, before: Program, after: Program) -> Obligation:
     key = cond.rhs if COLUMN in cond.rhs.names() else cond.lhs
     hyps += [ex.cond_prop(Cond(a, "<", dim), {}) for a, dim in zip(key.idx, key.dims)]
     hyps.append(ex.cond_prop(cond, {}))
-    concl = ("eq", span_bool(ex, span, {}), V("true"))
+    concl = ("eq", span_bool(ex, span, {}), V("true"))  # spanHas, unfolded
     pos = _c(ex.aff(span.tile.scale(span.size) + column, {}))
     row = _c(ex.aff(Aff.of(f["row"]), {}))
     # the reads compared in the guard and in the span are one atom for lia once their indices are

@@ -305,7 +305,10 @@ class Exporter:
         return out
 
     def cond_prop(self, c: Cond | Or | DataCond, env: dict) -> Term:
-        if isinstance(c, (DataCond, DataSpan)):
+        if isinstance(c, DataSpan):
+            from .obligations_datamask import span_prop
+            return span_prop(self, c, env)
+        if isinstance(c, DataCond):
             return ("eq", self.cond_bool(c, env), V("true"))
         if isinstance(c, Or):
             return ("disj", [self.cond_prop(p, env) for p in c.parts])

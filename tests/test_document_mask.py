@@ -10,7 +10,8 @@ a span derived from the document ids themselves.
 - refusals, one line each; mutations of the rule (a half row box, a doubled tile) caught by the
   interpreter, of the printed prologue (span start / end off by one tile) by the CPU emulation of
   both fold mappings at tails; the printed kernels against float64 at N = 300 (three key tiles);
-- coqc on the rule's obligation (span_cover_at) and on a later step's obligation carrying the span.
+- coqc on the rule's obligation (span_cover_at), a later step's obligation carrying the span and
+  the final program's safety obligation (exp sites under the span).
 """
 from __future__ import annotations
 
@@ -219,16 +220,20 @@ def test_a_span_off_by_one_tile_in_the_printer_is_caught(kernels, instr, old, ne
 
 
 @pytest.mark.skipif(shutil.which("coqc") is None, reason="coqc not installed")
-def test_coqc_checks_the_rule_and_a_later_step(derivation, tmp_path):
+def test_coqc_checks_the_rule_a_later_step_and_the_safety(derivation, tmp_path):
     from compiler.obligations import obligation_for
     from compiler.obligations_base import coq_text
     from proofs_ci.coqlib import build_library
 
+    from compiler.obligations_safety import safety_obligation
+
     lib = build_library()
-    for k in (RULE_STEP, len(STEPS) - 1):
-        ob = obligation_for(derivation.steps[k], derivation.programs[k], derivation.programs[k + 1])
+    obs = {k: obligation_for(derivation.steps[k], derivation.programs[k], derivation.programs[k + 1])
+           for k in (RULE_STEP, len(STEPS) - 1)}
+    obs["safety"] = safety_obligation(len(STEPS), derivation.programs[-1])  # exp sites under the span
+    for k, ob in obs.items():
         text = coq_text(ob)
-        assert "spanHas" in text
+        assert "spanLo" in text and "spanHi" in text
         path = tmp_path / f"Step{k}.v"
         path.write_text(text)
         run = subprocess.run(["coqc", "-R", str(lib), "Derivc", path.name], cwd=tmp_path, capture_output=True, text=True)

@@ -31,9 +31,14 @@ def lastHit (h : Nat → Bool) : Nat → Nat
   | 0 => 0
   | k + 1 => if h k then k + 1 else lastHit h k
 
+/-- the span's ends: the obligations compare the tile with them as with any index bound -/
+def spanLo (h : Nat → Bool) (nk size : Nat) : Nat := firstHit h nk / size
+
+def spanHi (h : Nat → Bool) (nk size : Nat) : Nat :=
+  match lastHit h nk with | 0 => 0 | l + 1 => l / size + 1
+
 def spanHas (h : Nat → Bool) (nk size t : Nat) : Bool :=
-  (Nat.ble (firstHit h nk / size) t) &&
-    (Nat.blt t (match lastHit h nk with | 0 => 0 | l + 1 => l / size + 1))
+  Nat.ble (spanLo h nk size) t && Nat.blt t (spanHi h nk size)
 
 /-- the span of a comparison query == key: key p lies between the least and greatest value of
 the valid rows r < rows (the exported form; `leb` the values' order) -/
@@ -73,7 +78,7 @@ theorem span_cover (h : Nat → Bool) (nk size p : Nat) (hs : 0 < size) (hp : p 
     (hh : h p = true) : spanHas h nk size (p / size) = true := by
   have hf := firstHit_le h nk p hp hh
   have hl := lastHit_gt h nk p hp hh
-  simp only [spanHas, Bool.and_eq_true, Nat.ble_eq, Nat.blt_eq]
+  simp only [spanHas, spanLo, spanHi, Bool.and_eq_true, Nat.ble_eq, Nat.blt_eq]
   refine ⟨Nat.div_le_div_right hf, ?_⟩
   cases e : lastHit h nk with
   | zero => omega

@@ -39,9 +39,13 @@ Fixpoint lastHit (h : nat -> bool) (n : nat) : nat :=
   | S k => if h k then S k else lastHit h k
   end.
 
+(* the span's ends: the obligations compare the tile with them as with any index bound *)
+Definition spanLo (h : nat -> bool) (nk size : nat) : nat := firstHit h nk / size.
+Definition spanHi (h : nat -> bool) (nk size : nat) : nat :=
+  match lastHit h nk with O => O | S l => l / size + 1 end.
+
 Definition spanHas (h : nat -> bool) (nk size t : nat) : bool :=
-  andb (Nat.leb (firstHit h nk / size) t)
-       (Nat.ltb t (match lastHit h nk with O => O | S l => l / size + 1 end)).
+  andb (Nat.leb (spanLo h nk size) t) (Nat.ltb t (spanHi h nk size)).
 
 (* the span of a comparison query == key: h p says key p lies between the least and greatest
    value of the valid rows r < rows (the exported form; `leb` the values' order, Z.leb) *)
@@ -75,7 +79,7 @@ Qed.
 Theorem span_cover : forall h nk size p, 0 < size -> p < nk -> h p = true ->
   spanHas h nk size (p / size) = true.
 Proof.
-  intros h nk size p Hs Hp Hh. unfold spanHas.
+  intros h nk size p Hs Hp Hh. unfold spanHas, spanLo, spanHi.
   pose proof (firstHit_le h nk p Hp Hh) as Hf.
   pose proof (lastHit_gt h nk p Hp Hh) as Hl.
   apply andb_true_intro; split.
