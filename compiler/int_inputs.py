@@ -60,3 +60,31 @@ def int_input(prog: Program, name: str, shape: tuple[int, ...], sizes: Mapping[s
               rng: np.random.Generator) -> np.ndarray:
     ext = gather_extents(prog).get(name)
     return draw_int(shape, None if ext is None else ext.evaluate(sizes), rng)
+
+
+def span_holds(query: np.ndarray, row_axes: tuple[int, ...], key: np.ndarray, tile: np.ndarray,
+               size: int) -> np.ndarray:
+    """A DataSpan's value (compiler.ir_index.DataSpan), vectorised: `query` holds the query
+    values with the private row variables on `row_axes`, `key` the key values with the key
+    position on the last axis (both NaN where a read leaves its tensor), `tile` the key tile;
+    the leading axes broadcast together.  True where the tile lies in the span."""
+    lo_v = np.where(np.isnan(query), np.inf, query).min(axis=row_axes, initial=np.inf)
+    hi_v = np.where(np.isnan(query), -np.inf, query).max(axis=row_axes, initial=-np.inf)
+    hit = (lo_v[..., None] <= key) & (key <= hi_v[..., None])  # NaN compares false
+    pos = np.arange(key.shape[-1])
+    first = np.where(hit, pos, key.shape[-1]).min(axis=-1, initial=key.shape[-1])
+    last = np.where(hit, pos, -1).max(axis=-1, initial=-1)
+    lo, hi = first // size, np.where(last >= 0, last // size + 1, 0)
+    return (lo <= tile) & (tile < hi)
+
+
+def sequence_ids(cu_seqlens: np.ndarray) -> np.ndarray:
+    """The sequence-id tensor of packed variable-length sequences from their offsets (the
+    `cu_seqlens` form: [0, n0, n0 + n1, ..., T], S + 1 entries): Seq[t] = s for
+    cu_seqlens[s] <= t < cu_seqlens[s + 1], int32, T entries (what the varlen examples take as Seq;
+    a sequence of length 0 takes no token).  ValueError for offsets that do not start at 0 or
+    decrease."""
+    off = np.asarray(cu_seqlens).astype(np.int64).ravel()
+    if off.size == 0 or off[0] != 0 or (np.diff(off) < 0).any():
+        raise ValueError("cu_seqlens must start at 0 and never decrease (the packed sequences' offsets)")
+    return np.repeat(np.arange(off.size - 1, dtype=np.int32), np.diff(off))

@@ -26,9 +26,10 @@ from typing import Mapping
 import numpy as np
 
 from .ir import (
-    Aff, Bin, Binding, Cond, Const, DataCond, DataRead, Def, Or, Expr, Ext, Fold, IndexValue, Let, Program, Read, Reduce, also_def,
+    SPAN_KEY, Aff, Bin, Binding, Cond, Const, DataCond, DataRead, DataSpan, Def, Or, Expr, Ext, Fold, IndexValue, Let, Program, Read, Reduce, also_def,
     Select, Softmax, Un,
 )
+from .int_inputs import span_holds
 from .interp_matmul import _matmul_sum, _nonfinite_sum, guarded_product, operand_keeps
 
 _erf_scalar = np.frompyfunc(math.erf, 1, 1)
@@ -120,6 +121,8 @@ class _Env:
     def atom_or(self, c: Cond | Or | DataCond) -> np.ndarray:
         """One conjunct: a comparison, or a disjunction of comparisons (any holds), or a
         comparison of integer data (false where a read leaves its tensor: NaN compares false)."""
+        if isinstance(c, DataSpan):
+            return self.span(c)
         if isinstance(c, DataCond):
             lhs, rhs = self.side(c.lhs), self.side(c.rhs)
             return (lhs < rhs) if c.op == "<" else (lhs <= rhs) if c.op == "<=" else (lhs == rhs)
@@ -130,6 +133,23 @@ class _Env:
             return out
         lhs, rhs = self.aff(c.lhs), self.aff(c.rhs)
         return (lhs < rhs) if c.op == "<" else (lhs <= rhs)
+
+    def span(self, c: DataSpan) -> np.ndarray:
+        """A data-derived key-tile span (its private variables pushed over their ranges)."""
+        d0 = self.depth
+        for v, n in c.rows:
+            self.push(v, n)
+        try:
+            q = self.side(c.query)
+        finally:
+            for _ in c.rows:
+                self.pop()
+        self.push(SPAN_KEY, _top(self.aff(c.key_dim)))
+        try:
+            k = self.side(c.key)
+        finally:
+            self.pop()
+        return span_holds(q, tuple(range(d0, d0 + len(c.rows))), k, self.aff(c.tile), c.size)
 
     def side(self, s: Aff | DataRead) -> np.ndarray:
         if isinstance(s, Aff):

@@ -18,7 +18,7 @@ import hashlib
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator, Union
 
-from .ir_index import Aff, Cond, DataCond, DataRead, Ext, Guard, Or  # noqa: F401 - the index language, part of the IR's names
+from .ir_index import SPAN_KEY, SPAN_ROW, Aff, Cond, DataCond, DataRead, DataSpan, Ext, Guard, Or  # noqa: F401 - the index language, part of the IR's names
 
 # --------------------------------------------------------------------------- schedule facts
 

@@ -225,4 +225,49 @@ class DataCond:
         return f"{self.lhs} {self.op} {self.rhs}"
 
 
-Guard = Union[Cond, Or, DataCond]
+SPAN_ROW = "_span_r"  # the query rows' private variables of a DataSpan: _span_r0, _span_r1, ...
+SPAN_KEY = "_span_k"  # a DataSpan's key position variable
+
+
+@dataclass(frozen=True)
+class DataSpan:
+    """The key tile `tile` lies in the key-tile span of its query block, derived from integer data:
+    one conjunct of a guard, the same for every element of a tile (MASK-DATA adds it beside the
+    comparison `query == key` it is derived from; compiler/rules/skip_data_span.py).
+
+    V: the values `query` reads over its row box (each private row variable rows[n] = (name, count)
+    runs over [0, count); reads outside the tensor are left out).  H: the key positions
+    p < key_dim (p the variable SPAN_KEY of `key`) whose value key[p] lies in [min V, max V].  The
+    span is [min H // size, max H // size + 1), empty when H is.  Wherever query == key holds for a
+    row of the box at a key position p, p // size lies in the span (for any data): the tiles
+    outside it are fully masked.  Its variables are private: substitution leaves them alone."""
+
+    query: DataRead
+    rows: tuple[tuple[str, int], ...]
+    key: DataRead
+    key_dim: Aff
+    tile: Aff
+    size: int
+
+    def private(self) -> frozenset[str]:
+        return frozenset(v for v, _ in self.rows) | {SPAN_KEY}
+
+    def names(self) -> frozenset[str]:
+        return ((self.query.names() | self.key.names()) - self.private()) | self.tile.names() | self.key_dim.names()
+
+    def reads(self) -> tuple[DataRead, ...]:
+        return (self.query, self.key)
+
+    def subst(self, name: str, value: Aff) -> "DataSpan":
+        if name in self.private():
+            return self
+        return DataSpan(self.query.subst(name, value), self.rows, self.key.subst(name, value),
+                        self.key_dim.subst(name, value), self.tile.subst(name, value), self.size)
+
+    def __str__(self) -> str:
+        rows = ", ".join(f"{v} < {n}" for v, n in self.rows)
+        return (f"{self.tile} in span({self.query} for {rows}; {self.key} for {SPAN_KEY} < {self.key_dim}; "
+                f"/{self.size})")
+
+
+Guard = Union[Cond, Or, DataCond, DataSpan]

@@ -358,6 +358,8 @@ def ob_split_softmax(rec, before: Program, after: Program) -> Obligation:
     return _finish(ob, ex)
 
 
+from .obligations_datamask import ob_mask_data  # noqa: E402 - MASK-DATA's obligations (its own module)
+
 GENERATORS = {
     "TILE": ob_tile, "REORDER": ob_reorder, "SPLIT": ob_split, "CACHE": ob_cache,
     "PARALLEL": ob_parallel, "ASSOC": ob_assoc, "SPLIT-SOFTMAX": ob_split_softmax,
@@ -365,6 +367,7 @@ GENERATORS = {
     "FUSE-SUMS": ob_fuse_sums,
     "SPLIT-KV": lambda rec, b, a: ob_split_kv(rec, b, a, _finish),
     "SPLIT-K": lambda rec, b, a: ob_split_k(rec, b, a, _site, _finish),
+    "MASK-DATA": ob_mask_data,
 }
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .ir import (
-    UNARY_FUNCTIONS, Aff, Bin, Cond, DataCond, DataRead, Or, Const, Def, Expr, Ext, Fold, IndexValue, Let, Program, Read, Reduce,
+    UNARY_FUNCTIONS, Aff, Bin, Cond, DataCond, DataRead, DataSpan, Or, Const, Def, Expr, Ext, Fold, IndexValue, Let, Program, Read, Reduce,
     Select, Softmax, Un,
 )
 from .obligations_types import EXT, FIN, join, program_types
@@ -282,6 +282,9 @@ class Exporter:
         return A("zsub", plus, A("zofnat", self._sum(neg, max(-const, 0))))
 
     def cond_bool(self, c: Cond | Or | DataCond, env: dict) -> Term:
+        if isinstance(c, DataSpan):  # MASK-DATA's conjunct (compiler/obligations_datamask.py)
+            from .obligations_datamask import span_bool
+            return span_bool(self, c, env)
         if isinstance(c, DataCond):  # compared as integers (Z.ltb / Z.leb / Z.eqb)
             head = {"<": "zltb", "<=": "zleb", "==": "zeqb"}[c.op]
             return A(head, self.data_side(c.lhs, env), self.data_side(c.rhs, env))
@@ -302,6 +305,9 @@ class Exporter:
         return out
 
     def cond_prop(self, c: Cond | Or | DataCond, env: dict) -> Term:
+        if isinstance(c, DataSpan):
+            from .obligations_datamask import span_prop
+            return span_prop(self, c, env)
         if isinstance(c, DataCond):
             return ("eq", self.cond_bool(c, env), V("true"))
         if isinstance(c, Or):

@@ -19,3 +19,4 @@ import Derivc.Rules.Recompute
 import Derivc.Rules.SoftmaxBwd
 import Derivc.Rules.SoftmaxVjp
 import Derivc.Rules.SplitK
+import Derivc.Rules.MaskData

@@ -42,6 +42,8 @@ RULE_THEOREMS: dict[str, tuple[str, ...]] = {
                  "online_merge_fold", "online_merge_cover", "online_merge_global"),
     # split-K GEMM: a sum's tiles over S splits (strided), partial sums added in split order
     "SPLIT_K": ("sumTo_split_k_strided", "sumTo_strided", "sumTo_chunks"),
+    # a key-tile span derived from a data mask (document masking): its cover, and the fold's skip
+    "MASK_DATA": ("span_cover", "span_cover_at", "foldN_skip_span"),
 }
 
 # where a reader finds each rule's proofs (Coq file, Lean file), relative to the repo root
@@ -66,6 +68,7 @@ RULE_FILES: dict[str, tuple[str, str]] = {
     "FUSE_SUMS": ("proofs_ci/coq/Rules/FuseSums.v", "lean/Derivc/Rules/FuseSums.lean"),
     "SPLIT_KV": ("proofs_ci/coq/Rules/OnlineMerge.v", "lean/Derivc/Rules/OnlineMerge.lean"),
     "SPLIT_K": ("proofs_ci/coq/Rules/SplitK.v", "lean/Derivc/Rules/SplitK.lean"),
+    "MASK_DATA": ("proofs_ci/coq/Rules/MaskData.v", "lean/Derivc/Rules/MaskData.lean"),
 }
 
 # exp_ne_zero is a derived algebra fact (Algebra.v / Algebra.lean) used by SPLIT_SOFTMAX

@@ -36,7 +36,7 @@ def test_rule_table_shape():
     assert set(th.RULE_THEOREMS) == {"TILE", "REORDER", "SPLIT", "FUSE", "CACHE", "PARALLEL",
                                      "ASSOC", "SPLIT_SOFTMAX", "ONLINE_AGG", "MASK", "MAP_MMA",
                                      "RECOMPUTE", "SOFTMAX_BWD_ROWTERM", "SOFTMAX_VJP", "FOLD_STAT", "SPLIT_KV",
-                                     "SPLIT_K", "FUSE_SUMS"}
+                                     "SPLIT_K", "FUSE_SUMS", "MASK_DATA"}
     assert set(th.RULE_FILES) == set(th.RULE_THEOREMS)
     for names in th.RULE_THEOREMS.values():
         assert names and all(isinstance(n, str) for n in names)

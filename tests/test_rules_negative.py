@@ -487,6 +487,7 @@ VALID_PARAMS = {
     "split_softmax": {"def": "P"},
     "online_agg": {"def": "O", "index": "jo"},
     "skip_masked": {"def": "O", "index": "jo"},
+    "skip_data_span": {"def": "O", "index": "jo"},
     "map_mma": {"def": "C", "index": "k"},
     "fuse_let": {"producer": "S", "def": "Y"},
     "cache_row": {"def": "Y", "tensor": "X"},

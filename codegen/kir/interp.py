@@ -17,9 +17,10 @@ from typing import Mapping
 import numpy as np
 
 from compiler.derive import checked_outputs, output_error
+from compiler.int_inputs import span_holds
 from compiler.interp import UNARY, random_inputs, run_program, step_gt
 from compiler.ir import (
-    BINARY_OPERATORS, UNARY_FUNCTIONS, Aff, Bin, Cond, DataCond, DataRead, Or, Const, Expr, Ext, IndexValue, Program, Read, Reduce, Select, Un,
+    SPAN_KEY, BINARY_OPERATORS, UNARY_FUNCTIONS, Aff, Bin, Cond, DataCond, DataRead, DataSpan, Or, Const, Expr, Ext, IndexValue, Program, Read, Reduce, Select, Un,
 )
 
 from .ir import Compute, Kernel, Stage, Stmt, Store, TileLoop
@@ -114,6 +115,8 @@ class _Env:
     def atom_or(self, c: Cond | Or | DataCond) -> _V:
         """One conjunct: a comparison, or a disjunction of comparisons (any holds), or a
         comparison of integer data (a read outside its tensor is NaN: compares false)."""
+        if isinstance(c, DataSpan):
+            return self.span(c)
         if isinstance(c, DataCond):
             cmp = {"<": np.less, "<=": np.less_equal, "==": np.equal}[c.op]
             return _lift(lambda a, b: cmp(a, b), self.side(c.lhs), self.side(c.rhs))
@@ -124,6 +127,25 @@ class _Env:
             return out
         cmp = np.less if c.op == "<" else np.less_equal
         return _lift(lambda a, b: cmp(a, b), self.aff(c.lhs), self.aff(c.rhs))
+
+    def span(self, c: DataSpan) -> _V:
+        """A data-derived key-tile span: its private variables bound over their ranges."""
+        rows = tuple(v for v, _ in c.rows)
+        for v, n in c.rows:
+            self.bind(v, n)
+        q = self.side(c.query)
+        for v in rows:
+            del self.axes[v]
+        self.bind(SPAN_KEY, int(self.aff(c.key_dim).arr))
+        k = self.side(c.key)
+        del self.axes[SPAN_KEY]
+        t = self.aff(c.tile)
+        outer = tuple(dict.fromkeys(d for v in (q, k, t) for d in v.dims if d not in rows and d != SPAN_KEY))
+        anchor = _V(np.zeros((1,) * (len(outer) + len(rows) + 1)), outer + rows + (SPAN_KEY,))
+        _, (_, qa, ka, ta) = _align(anchor, q, k, t)
+        n = len(outer)
+        qa, ka, ta = qa[..., 0], ka.reshape(ka.shape[:n] + ka.shape[-1:]), ta.reshape(ta.shape[:n])
+        return _V(span_holds(qa, tuple(range(n, n + len(rows))), ka, ta, c.size), outer)
 
     def side(self, s: Aff | DataRead) -> _V:
         return self.read(Read(s.tensor, s.idx)) if isinstance(s, DataRead) else \

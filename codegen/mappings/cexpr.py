@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Callable, Mapping
 
-from compiler.ir import UNARY_FUNCTIONS, Aff, Bin, Cond, Const, DataCond, DataRead, Expr, Ext, IndexValue, Or, Read, Un
+from compiler.ir import UNARY_FUNCTIONS, Aff, Bin, Cond, Const, DataCond, DataRead, DataSpan, Expr, Ext, IndexValue, Or, Read, Un
 
 
 def aff_c(a: Aff, names: Mapping[str, str]) -> str:
@@ -59,6 +59,8 @@ def data_cond_c(c: DataCond, names: Mapping[str, str]) -> str:
 
 
 def cond_c(c: Cond | Or | DataCond, names: Mapping[str, str]) -> str:
+    if isinstance(c, DataSpan):  # its bounds are computed once per block (codegen.mappings.data_span)
+        raise ValueError(f"the data span {c} is printed by the online-fold mappings only")
     if isinstance(c, DataCond):
         return data_cond_c(c, names)
     if isinstance(c, Or):
@@ -122,7 +124,7 @@ def box_extremes(c: Cond | Or, box: Mapping[str, tuple[str, str]], names: Mappin
     lhs < rhs (or <=) is affine, so its slack rhs - lhs is least and greatest at corners: each
     boxed variable sits at the end its coefficient's sign picks.
     """
-    if isinstance(c, DataCond):  # data: it may hold or not anywhere in the box (masked per element)
+    if isinstance(c, (DataCond, DataSpan)):  # data: it may hold or not anywhere in the box (masked per element)
         return "false", "false"
     if isinstance(c, Or):
         ends = [box_extremes(p, box, names) for p in c.parts]
@@ -215,7 +217,7 @@ def first_tile_c(conds: tuple[Cond, ...], var: str, box: Mapping[str, tuple[str,
     """
     starts = []
     for c in conds:
-        if isinstance(c, DataCond):  # a comparison of data bounds no tile
+        if isinstance(c, (DataCond, DataSpan)):  # data bounds no tile here (a span: data_span.py)
             continue
         if isinstance(c, Or):  # the union of the parts' ranges: the least of their starts
             parts = [_or_part_start(p, var, box, names) for p in c.parts]
@@ -281,7 +283,7 @@ def end_tile_c(conds: tuple[Cond | Or, ...], var: str, box: Mapping[str, tuple[s
     in the box, tile 0 where it holds nowhere)."""
     ends = []
     for c in conds:
-        if isinstance(c, DataCond):
+        if isinstance(c, (DataCond, DataSpan)):
             continue
         if isinstance(c, Or):
             parts = [_or_part_end(p, var, box, names) for p in c.parts]

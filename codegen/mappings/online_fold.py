@@ -44,11 +44,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from compiler.ir import Aff, Bin, Cond, Const, DataCond, Expr, Ext, IndexValue, Or, Read, Reduce, Select, Un, walk
+from compiler.ir import Aff, Bin, Cond, Const, DataCond, DataSpan, Expr, Ext, IndexValue, Or, Read, Reduce, Select, Un, walk
 from compiler.printer import show_expr
 
 from ..kir.ir import Compute, Kernel, Stage, TileLoop
 from .ctx_common import loop_block_var
+from .data_span import HI, LO, span_c, span_prologue
 from .plan import AttentionPlan, Operand
 from .render import render_fold
 from .score import contraction_in, normal_form, split_scale, substitute
@@ -478,18 +479,25 @@ def mask_context(mask: FoldMask, plan: AttentionPlan) -> dict:
         return aff_c(key_tile, {**sizes, **batch, mask.ktile: f"({ktile})"})
 
     data_ptrs = data_pointer_names({op.name: f"p_x{n}" for n, op in enumerate(plan.extras)})
+    spans = [c for c in mask.conds if isinstance(c, DataSpan)]
+    conds = tuple(c for c in mask.conds if not isinstance(c, DataSpan))
+    if len(spans) > 1 or (spans and mask.key_tile is not None):
+        raise ValueError("MASK-DATA: one data span over the fold's own key tiles is printed (not several, not "
+                         "SPLIT-KV's strided tiles)")
 
     def names(row: str, col: str, ktile: str) -> dict[str, str]:
         return {**sizes, **batch, mask.row: f"({row} - q0)", mask.col: f"({col} - {key_tile_c(ktile)} * {bn})",
                 mask.qtile: "qt", mask.ktile: f"({ktile})", **data_ptrs}
 
     def keep(row: str, col: str, ktile: str) -> str:
-        return f"({conds_c(mask.conds, names(row, col, ktile))})"
+        ints = names(row, col, ktile)
+        return f"({' && '.join([conds_c(conds, ints)] + [span_c(sp, ints) for sp in spans])})"
 
     def extremes(row_lo: str, row_hi: str, ktile: str) -> list[tuple[str, str]]:
         base = names(row_lo, "0", ktile)
         box = {mask.row: (f"({row_lo} - q0)", f"({row_hi} - q0)"), mask.col: ("0", str(bn - 1))}
-        return [box_extremes(c, box, base) for c in mask.conds]
+        tile_uniform = [(span_c(sp, base), f"!{span_c(sp, base)}") for sp in spans]
+        return [box_extremes(c, box, base) for c in conds] + tile_uniform
 
     def partial(row_lo: str, row_hi: str, ktile: str) -> str:
         return "!(" + " && ".join(ev for ev, _ in extremes(row_lo, row_hi, ktile)) + ")"
@@ -542,15 +550,18 @@ def mask_context(mask: FoldMask, plan: AttentionPlan) -> dict:
     or_end = end_tile_c(tuple(c for c in mask.conds if isinstance(c, Or)), mask.ktile, block_box, block_ints)
     if or_end is not None:
         n_tiles = f"min((long long)({n_tiles}), {or_end})"
+    n_start = first_tile_c(conds, mask.ktile, block_box, block_ints)
+    span_decls = span_prologue(spans[0], {**block_ints, **data_ptrs}) if spans else []
+    if spans:  # the tiles outside the span are fully masked: each leaves (m, l, acc) unchanged
+        n_tiles = f"min((long long)({n_tiles}), (long long){HI})"
+        n_start = f"max({n_start}, (long long){LO})"
     # the steps whose key tile lies below Nk / BN (full tiles: a * step + b < full, a > 0)
     full = f"({sizes[plan.seq_k]} / {bn})"
     a, b = key_tile.coef(mask.ktile), aff_c(key_tile - Aff.of(mask.ktile, key_tile.coef(mask.ktile)), {**sizes, **batch})
     n_full = full if key_tile == Aff.of(mask.ktile) else f"max(0LL, ((long long){full} - {b} + {a - 1}) / {a})"
     return dict(has_mask=bool(mask.conds), mask_keep=keep, mask_partial=partial, mask_empty=empty,
                 n_tiles_expr=n_tiles, key_tile_c=key_tile_c, n_full_expr=n_full,
-                n_start_expr=first_tile_c(mask.conds, mask.ktile,
-                                          {mask.row: ("0", str(bm - 1)), mask.col: ("0", str(bn - 1))},
-                                          {**sizes, **batch, mask.qtile: "qt"}),
+                n_start_expr=n_start, span_decls=span_decls, ring_start_expr=f"max(0, {LO})" if spans else "0",
                 heavy_first=len(mask.ext.parts) > 1 or or_end is not None, general_score=mask.score is not None, score_value=score,
                 score_decls=uniform_decls)
 

@@ -18,6 +18,7 @@ def _load() -> None:
         "tile", "reorder", "split", "fuse", "unfuse", "cache", "parallel", "assoc",
         "split_softmax", "online_agg", "skip_masked", "map_mma", "fuse_let", "cache_row",
         "recompute", "softmax_rowterm", "fold_stat", "split_kv", "split_k", "fuse_sums",
+        "skip_data_span",
     ):
         try:
             import_module(f"{__name__}.{mod}")

@@ -20,3 +20,4 @@ Require Export Derivc.Rules.Recompute.
 Require Export Derivc.Rules.SoftmaxBwd.
 Require Export Derivc.Rules.SoftmaxVjp.
 Require Export Derivc.Rules.SplitK.
+Require Export Derivc.Rules.MaskData.

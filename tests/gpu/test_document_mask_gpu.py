@@ -3,7 +3,9 @@ j <= i && Doc[b, i] == Doc[b, j] with Doc an i32 input (examples/pending/attenti
 wgmma, d128; attention_document_mask_mma.yaml on mma.sync, d64), at odd lengths (1, 77, 333,
 1000, 4096), over document layouts: every document one token, one document, distinct ids (no
 two tokens share a document, unsorted), random runs (1 to 4 tokens) and random lengths averaging
-256 tokens.  The reference is the formula in float64 (not the IR)."""
+256 tokens.  Both kernels bound their key tiles by MASK-DATA's span (computed per block from Doc):
+interleaved ids (distinct_ids) make the span every tile, long documents make it narrow.  The
+reference is the formula in float64 (not the IR)."""
 from __future__ import annotations
 
 import math
