@@ -32,8 +32,8 @@ read) are the kernel IR's value, printed per fragment element.
 Refused by name: head dims other than 64 and 128 (the accumulators of two sums of d128 and two
 score tiles fill the register file; d256 does not fit), blocks that are not whole warpgroups of
 64 rows, column tiles that are not a multiple of 16 rows up to 128, and everything score_sum.match
-refuses (a group loop around dK and dV fused: FUSE-SUMS fuses the sum over g, the query-tile sums
-inside it stay two loops, which the plan has no form for).
+
+
 """
 from __future__ import annotations
 

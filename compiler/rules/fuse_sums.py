@@ -42,6 +42,32 @@ class FuseSumsParams(StepParams):
     """the definition whose sum becomes the fold carrying both accumulators"""
     with_: str = Field(alias="with")
     """the definition of the second sum (same tiles, same loop nest), written by the fold as a further output"""
+    inner: str | None = None
+    """a sum directly inside the fused one (the tile sum under GQA's group sum over g): the second
+    body's sum at that place, over the same extent, takes its index, so later steps (CACHE at it,
+    the lowering) see one tile loop carrying both sums inside each step of the shared outer sum"""
+
+
+def shared_inner(a: Reduce, b: Reduce, inner: str) -> str | None:
+    """Why b's sum directly inside its outer sum cannot take the index of a's inner sum `inner`
+    (None: it can)."""
+    ia, ib = a.body, b.body
+    if not (isinstance(ia, Reduce) and ia.op == "sum" and ia.var == inner):
+        return f"the sum over {a.var} does not hold a sum over {inner} directly"
+    if not (isinstance(ib, Reduce) and ib.op == "sum"):
+        return f"the second sum over {b.var} does not hold a sum directly"
+    if ia.ext != ib.ext:
+        return f"the inner sums differ: {inner} < {ia.ext} and {ib.var} < {ib.ext}"
+    if ia.mma is not None or ia.acc is not None or ib.mma is not None or ib.acc is not None:
+        return "the inner sums carry tensor-core or accumulator facts: fuse the sums before MAP-MMA"
+    return None
+
+
+def with_inner_index(b: Reduce, inner: str) -> Reduce:
+    """b with its inner sum's index renamed to `inner` (alpha-renaming of a bound index: b's
+    binders are apart from a's names, so `inner` is free in b)."""
+    ib: Reduce = b.body  # type: ignore[assignment]
+    return replace(b, body=replace(ib, var=inner, body=subst_index(ib.body, ib.var, Aff.of(inner))))
 
 
 def renamed_like(a: Def, b: Def, taken: set[str]) -> Def:
@@ -106,6 +132,11 @@ class FuseSums(Rule):
         # apart from A's names (and every tensor's): B's own names may stay as they are
         taken = set(names_in_program(replace(prog, defs=(a,)))) | {d.name for d in prog.defs}
         nb = renamed_like(a, b, set(taken))
+        if p.inner is not None:
+            why = shared_inner(a.body, nb.body, p.inner)
+            if why:
+                raise self.fail(f"inner: {why}")
+            nb = replace(nb, body=with_inner_index(nb.body, p.inner))
         if nb.store != a.store or nb.guard != a.guard:
             raise self.fail(f"{b.name}'s store or guard differs from {a.name}'s once its loops are renamed")
         sa, sb = fresh(f"acc_{a.name}", taken), fresh(f"acc_{b.name}", taken | {f"acc_{a.name}"})
