@@ -599,9 +599,12 @@ def test_a_variant_plan_mutated_fails_the_cpu_check(monkeypatch, name):
     _variant_fails(example, kernel, sizes, render)
 
 
-def test_a_group_step_restarting_the_accumulators_fails_the_cpu_check(monkeypatch):
-    """GQA's dV: each query head's step adds into the accumulators the earlier steps left; a step that
-    starts them anew (the first accumulation's scale-d 0) keeps only the last head's sum."""
+@pytest.mark.parametrize("restart", ["\n    live = 0;", "\n    for (int i_ = 0; i_ < {{ AN }}; ++i_) acc1[i_] = 0.0f;"],
+                         ids=["both_sums", "dK_only"])
+def test_a_group_step_restarting_the_accumulators_fails_the_cpu_check(monkeypatch, restart):
+    """GQA's fused dV / dK: each query head's step adds into both accumulators what the earlier steps
+    left; a step that starts them anew (the first accumulation's scale-d 0), or starts the second
+    sum's (dK's) anew, keeps only the last head's sum."""
     from codegen.mappings.templates_env import TEMPLATE_DIR
 
     text = (TEMPLATE_DIR / TEMPLATE).read_text()
@@ -611,7 +614,7 @@ def test_a_group_step_restarting_the_accumulators_fails_the_cpu_check(monkeypatc
     sizes = {**base, "G": 3, "N": 77}
     assert _check(kd, k, sizes, _render_with_template(k, text, monkeypatch))["passed"]
     _variant_fails("attention_gqa_grad", "dV", {"G": 3, "N": 77},
-                   lambda k: _render_with_template(k, text.replace(old, old + "\n    live = 0;"), monkeypatch))
+                   lambda k: _render_with_template(k, text.replace(old, old + restart), monkeypatch))
 
 
 def test_gqa_dq_with_the_wrong_head_map_fails_the_cpu_check(monkeypatch):
