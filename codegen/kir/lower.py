@@ -10,7 +10,10 @@ The translation is structural, never by names:
   (a register tile), with its dimensions, level and stages;
 - a `Fold` becomes a `TileLoop` whose state, initial values and updates are the fold's own
   expressions (the ONLINE-AGG rescale is carried as written, never re-derived);
-- a sum / max whose body stages tiles becomes a `TileLoop` with one accumulator state;
+- a sum / max whose body stages tiles becomes a `TileLoop` with one accumulator state; a fold's
+  updates each adding such a sum over one index, extent and staged body (FUSE-SUMS with `inner`:
+  GQA's dV and dK inside the group sum) put one `TileLoop` carrying all those states in the fold's
+  loop (the sums are independent: the loops' fusion);
 - every other expression, guard, index map and constant is carried unchanged.
 
 Anything with no kernel-IR form — several definitions, a dynamic extent inside a block, a

@@ -15,6 +15,13 @@ tile index, PARALLEL, MAP-MMA) schedule both sums at once, and one tile staged f
 serves both.  A value both bodies compute (the recomputed probabilities and scores) is still
 written twice in the IR; the kernel computes it once per tile (the printer's common terms).
 
+Sums under a shared outer sum (GQA's dV and dK: sum(g < G: sum(io < T: ..)), the sum over the
+query heads g of a K / V head around the query-tile sum): the outer sums over g are the ones
+fused, and `inner: io` names A's sum directly inside; B's sum there, over the same extent, is
+given the index io (its binders are apart from A's, so this is a renaming of a bound index).  Each
+accumulator then adds a sum over io: CACHE at io stages one tile for both and the lowering runs
+them as one tile loop carrying both sums inside each group step (codegen/kir/lower.py).
+
 Preconditions: A and B are definitions of this kernel (not written by another step), B an
 output of the program (the output or a further one) read by no definition, A writing no
 further output yet; both bodies are a sum over the same extent, with no tensor-core or
@@ -24,7 +31,11 @@ class of store (B keeps its own type).
 Theorem: fold_pair_sum (proofs_ci/coq/Rules/FuseSums.v, lean/Derivc/Rules/FuseSums.lean): the
 fold of two independent accumulators from (0, 0) ends at (sumTo E f, sumTo E g).  The step's
 obligation instantiates it for A's value; B's value is the same theorem's second component,
-checked numerically here (every output on every draw) like FOLD-STAT's statistic.
+checked numerically here (every output on every draw) like FOLD-STAT's statistic.  With `inner`
+the theorem is the same: the fused sums are the outer ones, over one range (f and g of the
+theorem are the inner sums as functions of the outer index), and the inner sums' shared index is
+a bound variable's name, invisible in the exported terms (the two lambdas are alpha-equivalent to
+the ones before the renaming), so the step's obligation has the same form and proof.
 """
 from __future__ import annotations
 
