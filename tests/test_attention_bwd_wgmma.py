@@ -630,3 +630,30 @@ def test_gqa_dq_with_the_wrong_head_map_fails_the_cpu_check(monkeypatch):
     monkeypatch.setattr(score_sum, "block_index_c",
                         lambda dims: {v: x.replace(" / (", " % (") for v, x in orig(dims).items()})
     _variant_fails("attention_gqa_grad", "dQ", sizes, render)
+
+
+def test_the_lowering_refuses_fold_updates_whose_tile_sums_are_staged_differently(monkeypatch):
+    """One tile loop carries the fold's updates' sums only when each stages the same tiles: GQA's dK
+    sum staging dO in a ring of another depth is refused by name (and, with that check dropped, the
+    lowering would run dK's sum on dV's ring)."""
+    from codegen.kir import lower as lowering
+    from compiler.ir import Fold, Let, walk
+
+    kd, _, _ = _variant("attention_gqa_grad")["dV"]
+    d = kd.final.def_named("dV")
+    fold = next(x for x in walk(d.body) if isinstance(x, Fold))
+    u = fold.update[1]
+    let = u.b.body
+    assert isinstance(let, Let)
+    deeper = replace(u, b=replace(u.b, body=replace(let, bind=replace(let.bind, stages=3))))
+
+    def swap(e):
+        return replace(e, update=(e.update[0], deeper)) if e is fold else map_children(e, swap)
+
+    from compiler.ir import map_children
+
+    prog = kd.final.with_def(replace(d, body=swap(d.body)))
+    with pytest.raises(lowering.LoweringError, match="stages a tile inside an expression"):
+        lowering.lower(prog, "dV")
+    monkeypatch.setattr(lowering, "_same_steps", lambda loop, others: True)
+    lowering.lower(prog, "dV")  # the mutant accepts it
