@@ -305,3 +305,34 @@ def test_the_fuse_sums_obligation_is_proved_by_coqc_and_a_wrong_one_is_not(fused
     wrong.write_text(text.replace("in v_acc_dV)).", "in v_acc_dK)).", 1))
     assert wrong.read_text() != text
     assert coqlib.check_obligation(wrong, lib).returncode != 0
+
+
+def test_the_gqa_fuse_sums_obligation_is_proved_by_coqc(tmp_path):
+    """GQA's dV / dK (FUSE-SUMS inner: io, under the sum over the query heads g): the same theorem,
+    its f and g the query-tile sums as functions of g, checks with coqc; swapped components do not."""
+    import json
+
+    from compiler.derive_grad import derive_gradient
+    from compiler.obligations import write_obligations
+    from compiler.spec import load_spec_file
+    from proofs_ci import coqlib
+
+    if not coqlib.coqc_available():
+        pytest.skip("coqc not installed")
+    path = ROOT / "examples" / "attention_gqa_grad.yaml"
+    kd = next(k for k in derive_gradient(load_spec_file(path), str(path), seed=1, check=False).kernels
+              if k.grad_kernel == "dV")
+    write_obligations(kd, tmp_path / "proofs")
+    step = next(s for s in json.loads((tmp_path / "proofs" / "index.json").read_text())["steps"]
+                if s["rule"] == "fuse_sums")
+    assert step["status"] == "partial" and step["theorem"] == "fold_pair_sum"
+    lib = coqlib.build_library(out_dir=tmp_path / "coq")
+    fuse = tmp_path / "proofs" / step["files"]["coq"]
+    text = fuse.read_text()
+    assert "(fun i_g => sumTo (ceilDiv n_N 64) (fun i_io =>" in text  # f, g: functions of the group index
+    r = coqlib.check_obligation(fuse, lib)
+    assert r.returncode == 0, (r.stdout[-800:], r.stderr[-800:])
+    wrong = tmp_path / "Wrong.v"
+    wrong.write_text(text.replace("in v_acc_dV)).", "in v_acc_dK)).", 1))
+    assert wrong.read_text() != text
+    assert coqlib.check_obligation(wrong, lib).returncode != 0
