@@ -505,6 +505,8 @@ def shared_context(m: _Match, score_ref: str, skip_rows: int, skip_unit: str, co
         params=params, _arg_names=arg_names,
         batch_decls=[f"const long long {v} = {bidx[g]};" for g, v in batch.items()],
         groups=[dict(var=group[g.var], ext=f"(long long)({ext_c(g.ext, {**blk, **group})})") for g in m.groups],
+        # the tile range read from the group indices (else computed once, before the group loops)
+        range_per_group=bool((m.loop.ext.names() | {n for c in guards for n in c.names()}) & set(group)),
         rtile_expr=rtile_expr,
         row_tiles=[dict(ptr=ptr[t.op.name], base=base_c(t.op, fixed, "rt * %d" % p.block_m), register=t.level == "register",
                         lim=sizes[t.rows_size] + " - rt * %d" % p.block_m) for t in p.row_tiles],
