@@ -15,7 +15,9 @@ tile may use different tile indices of equal extents (dK reads Q[i, e5] in its s
 in its product: one tile, `over: [ii, e5, e]`), each read then goes through the buffer at its
 own indices.  The tile
 must be reused: some enclosing index the tile does not depend on must have extent ≥ 2.
-`stages` > 1 asks for a multi-buffered pipeline when `at` is a sequential index.
+`stages` > 1 asks for a multi-buffered pipeline when `at` is a sequential index.  Several sums
+binding `at` over one extent (FUSE-SUMS `inner`: GQA's dV and dK sums over the query tiles io,
+siblings under the group sum) form one scope: each stages the tile alike, under one buffer name.
 
 Accumulator (D5): `accumulator: ko` marks the sum over ko as accumulated at `level` in `dtype`.
 
