@@ -236,10 +236,10 @@ def gqa_kernels():
 
 
 def test_group_loop_sums_dk_dv_over_the_query_heads(gqa_kernels):
-    """GQA's dK / dV: a loop over g around the query-tile sum, one accumulator; dQ has none."""
+    """GQA's dV (dK beside it): a loop over g around the query-tile sums, one accumulator each; dQ has none."""
     from codegen.mappings.score_sum import render
 
-    for name, groups in (("dV", ("g",)), ("dK", ("g",)), ("dQ", ())):
+    for name, groups in (("dV", ("g",)), ("dQ", ())):
         printed = render(gqa_kernels[name])
         assert printed.plan.groups == groups, name
         src = printed.variants[0].source.source
@@ -265,10 +265,11 @@ def test_refuses_a_row_tile_read_at_the_group_index(gqa_kernels):
     from compiler.ir import Aff, Read
 
     k = gqa_kernels["dV"]
-    stage = k.body[0]
+    at = next(i for i, s in enumerate(k.body) if getattr(s, "buf", None) is not None and s.buf.source == "K")
+    stage = k.body[at]
     read = next(x for x in walk_reads(stage.value) if x.tensor == "K")
     moved = replace(read, idx=read.idx[:1] + (Aff.of("g"),) + read.idx[2:])
-    bad = replace(k, body=(replace(stage, value=_swap(stage.value, read, moved)),) + k.body[1:])
+    bad = replace(k, body=k.body[:at] + (replace(stage, value=_swap(stage.value, read, moved)),) + k.body[at + 1:])
     _refused(bad, "nor a block index")
 
 
@@ -406,8 +407,8 @@ def test_mutation_fails_at_the_kernel_step(m: Mutation, tmp_path: Path) -> None:
 
 
 def test_a_group_step_resetting_the_accumulator_fails_the_cpu_check(monkeypatch) -> None:
-    """GQA's dK on mma.sync (the example maps it to wgmma): each group step zeroing the accumulator
-    keeps only the last query head's sum, which the kernel text's CPU run shows."""
+    """GQA's dV / dK on mma.sync (the example maps it to wgmma): each group step zeroing the
+    accumulators keeps only the last query head's sums, which the kernel text's CPU run shows."""
     import jinja2
 
     from codegen.build import largest_tiles
@@ -416,7 +417,7 @@ def test_a_group_step_resetting_the_accumulator_fails_the_cpu_check(monkeypatch)
     from codegen.mappings.score_sum import render
     from codegen.mappings.templates_env import TEMPLATE_DIR
 
-    kd, k = _derived("attention_gqa_grad.yaml")["dK"]
+    kd, k = _derived("attention_gqa_grad.yaml")["dV"]
     sizes = {"B": 1, "HK": 1, "G": 3, "N": 77, "D": 128}
     assert check_kernel_text(render(k), kd.final, sizes, 7, largest_tiles(kd))["passed"]
     text = (TEMPLATE_DIR / "score_sum.cu.j2").read_text()

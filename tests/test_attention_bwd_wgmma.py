@@ -417,17 +417,24 @@ def test_refuses_rows_that_are_not_whole_warpgroups(fused):
     _refused(replace(k, lanes=(eight,) + k.lanes[1:]), "whole warpgroups")
 
 
-def test_refuses_group_loops_around_fused_sums(fused):
-    """A group loop (GQA's sum over query heads) around dV and dK fused: not implemented, by name."""
-    from codegen.kir.ir import State, TileLoop
-    from compiler.ir import Bin, Const, Read
-    from compiler.ir_index import Ext
+def test_gqa_fused_kernel_is_a_group_loop_around_one_tile_loop_of_two_sums():
+    """GQA's dV kernel writes dK too: FUSE-SUMS (inner: io) leaves one query-tile loop carrying both
+    sums inside the group loop over g, and the plan reads two sums under one group loop."""
+    from codegen.build import print_checked
+    from codegen.kir.ir import TileLoop
 
-    _, k, _ = fused
-    loop = k.body[-1]
-    tot = tuple(State(f"tot{i}", Const(0.0), Bin("+", Read(f"tot{i}", ()), Read(st.name, ())))
-                for i, st in enumerate(loop.state))
-    _refused(replace(k, body=k.body[:-1] + (TileLoop("g", Ext.of(2), tot, (loop,)),)), "group loops around 2 sums")
+    _, k, _ = _variant("attention_gqa_grad")["dV"]
+    group = k.body[-1]
+    assert isinstance(group, TileLoop) and group.var == "g" and len(group.state) == 2
+    (inner,) = group.body
+    assert isinstance(inner, TileLoop) and inner.var == "io" and len(inner.state) == 2
+    printed = print_checked(k)
+    plan = printed.plan
+    assert plan.groups == ("g",) and [o.name for o in plan.outs] == ["dV", "dK"]
+    assert [plan.col_tiles[t].op.name for t in plan.acc_tiles] == ["dO", "Q"]
+    # the tile range does not read g: computed once, before the group loop (no spills on sm_90a)
+    src = printed.variants[0].source.source
+    assert src.index("const int it_begin") < src.index("for (int bi_g = 0;") < src.index("const f16_t* gC0")
 
 
 def test_refuses_a_kernel_mapped_to_mma_sync():
@@ -456,7 +463,7 @@ VARIANTS = {
     "attention_sliding_window_grad": (("dV", "dQ"), ({"N": 77, "W": 16}, {"N": 129, "W": 100})),
     "attention_alibi_grad": (("dV", "dQ"), ({"N": 17}, {"N": 129})),
     "attention_strict_causal_grad": (("dV", "dQ"), ({"N": 17}, {"N": 129})),
-    "attention_gqa_grad": (("dV", "dK", "dQ"), ({"G": 3, "N": 77}, {"G": 2, "N": 129})),
+    "attention_gqa_grad": (("dV", "dQ"), ({"G": 3, "N": 77}, {"G": 2, "N": 129}, {"G": 1, "N": 65})),
     "flash_attention_wgmma_bnhd_grad": (("dV", "dQ"), ({"H": 2, "N": 77}, {"H": 3, "N": 129})),
     "attention_bottom_right_causal_grad": (("dV", "dQ"), ({"NQ": 77, "NK": 129}, {"NQ": 129, "NK": 77})),
     "attention_prefix_lm_grad": (("dV", "dQ"), ({"N": 77, "Prefix": 200}, {"N": 129, "Prefix": 50})),
@@ -480,7 +487,7 @@ def _variant(example: str) -> dict:
 
 @pytest.mark.parametrize("example", sorted(VARIANTS))
 def test_every_variant_backward_prints_on_wgmma_and_matches_its_program_at_tails(example):
-    """Each variant's dV (with dK beside it; GQA: dV and dK, each summed over the query heads) and dQ
+    """Each variant's dV (with dK beside it; GQA: both summed over the query heads in one kernel) and dQ
     map to score_sum wgmma and the kernel text, run on the CPU, matches float64 at sizes with tails."""
     from codegen.build import print_checked
 
@@ -493,7 +500,7 @@ def test_every_variant_backward_prints_on_wgmma_and_matches_its_program_at_tails
         printed = print_checked(k)
         assert printed.mapping == "score_sum_wgmma", (example, name)
         assert printed.plan.groups == (("g",) if example == "attention_gqa_grad" and name != "dQ" else ()), name
-        if name == "dV" and example != "attention_gqa_grad":
+        if name == "dV":
             assert [o.name for o in printed.plan.outs] == ["dV", "dK"]
         for at in sizes:
             assert _check(kd, k, {**base, **at}, printed)["passed"], (example, name, at)
@@ -576,7 +583,7 @@ PLAN_MUTATIONS = {
                                        "shared_context", "end = f\"min({end}, {upper})\"",
                                        "end = f\"min({end}, {upper} - 1)\""),
     # GQA: the group loop stops one query head short
-    "group_loop_drops_the_last_head": ("attention_gqa_grad", "dK", {"G": 3, "N": 77}, "shared_context",
+    "group_loop_drops_the_last_head": ("attention_gqa_grad", "dV", {"G": 3, "N": 77}, "shared_context",
                                        'ext=f"(long long)({ext_c(g.ext, {**blk, **group})})"',
                                        'ext=f"((long long)({ext_c(g.ext, {**blk, **group})}) - 1)"'),
     # [B, N, H, D]: the tiles' rows read D apart, as in [B, H, N, D], instead of H * D
@@ -596,9 +603,12 @@ def test_a_variant_plan_mutated_fails_the_cpu_check(monkeypatch, name):
     _variant_fails(example, kernel, sizes, render)
 
 
-def test_a_group_step_restarting_the_accumulators_fails_the_cpu_check(monkeypatch):
-    """GQA's dV: each query head's step adds into the accumulators the earlier steps left; a step that
-    starts them anew (the first accumulation's scale-d 0) keeps only the last head's sum."""
+@pytest.mark.parametrize("restart", ["\n    live = 0;", "\n    for (int i_ = 0; i_ < {{ AN }}; ++i_) acc1[i_] = 0.0f;"],
+                         ids=["both_sums", "dK_only"])
+def test_a_group_step_restarting_the_accumulators_fails_the_cpu_check(monkeypatch, restart):
+    """GQA's fused dV / dK: each query head's step adds into both accumulators what the earlier steps
+    left; a step that starts them anew (the first accumulation's scale-d 0), or starts the second
+    sum's (dK's) anew, keeps only the last head's sum."""
     from codegen.mappings.templates_env import TEMPLATE_DIR
 
     text = (TEMPLATE_DIR / TEMPLATE).read_text()
@@ -608,7 +618,7 @@ def test_a_group_step_restarting_the_accumulators_fails_the_cpu_check(monkeypatc
     sizes = {**base, "G": 3, "N": 77}
     assert _check(kd, k, sizes, _render_with_template(k, text, monkeypatch))["passed"]
     _variant_fails("attention_gqa_grad", "dV", {"G": 3, "N": 77},
-                   lambda k: _render_with_template(k, text.replace(old, old + "\n    live = 0;"), monkeypatch))
+                   lambda k: _render_with_template(k, text.replace(old, old + restart), monkeypatch))
 
 
 def test_gqa_dq_with_the_wrong_head_map_fails_the_cpu_check(monkeypatch):
@@ -624,3 +634,30 @@ def test_gqa_dq_with_the_wrong_head_map_fails_the_cpu_check(monkeypatch):
     monkeypatch.setattr(score_sum, "block_index_c",
                         lambda dims: {v: x.replace(" / (", " % (") for v, x in orig(dims).items()})
     _variant_fails("attention_gqa_grad", "dQ", sizes, render)
+
+
+def test_the_lowering_refuses_fold_updates_whose_tile_sums_are_staged_differently(monkeypatch):
+    """One tile loop carries the fold's updates' sums only when each stages the same tiles: GQA's dK
+    sum staging dO in a ring of another depth is refused by name (and, with that check dropped, the
+    lowering would run dK's sum on dV's ring)."""
+    from codegen.kir import lower as lowering
+    from compiler.ir import Fold, Let, walk
+
+    kd, _, _ = _variant("attention_gqa_grad")["dV"]
+    d = kd.final.def_named("dV")
+    fold = next(x for x in walk(d.body) if isinstance(x, Fold))
+    u = fold.update[1]
+    let = u.b.body
+    assert isinstance(let, Let)
+    deeper = replace(u, b=replace(u.b, body=replace(let, bind=replace(let.bind, stages=3))))
+
+    def swap(e):
+        return replace(e, update=(e.update[0], deeper)) if e is fold else map_children(e, swap)
+
+    from compiler.ir import map_children
+
+    prog = kd.final.with_def(replace(d, body=swap(d.body)))
+    with pytest.raises(lowering.LoweringError, match="stages a tile inside an expression"):
+        lowering.lower(prog, "dV")
+    monkeypatch.setattr(lowering, "_same_steps", lambda loop, others: True)
+    lowering.lower(prog, "dV")  # the mutant accepts it

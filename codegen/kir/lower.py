@@ -10,7 +10,10 @@ The translation is structural, never by names:
   (a register tile), with its dimensions, level and stages;
 - a `Fold` becomes a `TileLoop` whose state, initial values and updates are the fold's own
   expressions (the ONLINE-AGG rescale is carried as written, never re-derived);
-- a sum / max whose body stages tiles becomes a `TileLoop` with one accumulator state;
+- a sum / max whose body stages tiles becomes a `TileLoop` with one accumulator state; a fold's
+  updates each adding such a sum over one index, extent and staged body (FUSE-SUMS with `inner`:
+  GQA's dV and dK inside the group sum) put one `TileLoop` carrying all those states in the fold's
+  loop (the sums are independent: the loops' fusion);
 - every other expression, guard, index map and constant is carried unchanged.
 
 Anything with no kernel-IR form — several definitions, a dynamic extent inside a block, a
@@ -163,11 +166,16 @@ class _Lowering:
             p, stmt = self.binding(b)
             body += p + [stmt]
         updates = []
+        inner: list[TileLoop] = []
         for name, u in zip(f.state, f.update):
             p, v = self.expr(u)
-            if p:
+            if p and not (len(p) == 1 and isinstance(p[0], TileLoop) and isinstance(u, Bin)
+                          and isinstance(u.b, Reduce) and _same_steps(p[0], inner)):
                 raise LoweringError(f"fold update of {name} stages a tile inside an expression: {_short(u)}")
+            inner += p
             updates.append(v)
+        if inner:  # the updates' tile sums over one index, staged alike (FUSE-SUMS with inner): one loop
+            body.append(TileLoop(inner[0].var, inner[0].ext, tuple(s for x in inner for s in x.state), inner[0].body))
         if len(updates) != len(f.state) or len(inits) != len(f.state):
             raise LoweringError(f"fold over {f.var}: {len(f.state)} states, {len(inits)} inits, {len(updates)} updates")
         loop = TileLoop(f.var, f.ext, tuple(State(n, i, u) for n, i, u in zip(f.state, inits, updates)), tuple(body))
@@ -191,6 +199,12 @@ class _Lowering:
         loop = TileLoop(r.var, r.ext, (State(acc, Const(REDUCTIONS[r.op]), update, r.acc or AccFact("register", "f32")),),
                         tuple(body))
         return [loop], Read(acc, ())
+
+
+def _same_steps(loop: TileLoop, others: list[TileLoop]) -> bool:
+    """loop runs over the index, extent and staged body of the loops in `others` (or there are none):
+    the sums differ in their states only, so one loop carries them all."""
+    return all(x.var == loop.var and x.ext == loop.ext and x.body == loop.body for x in others)
 
 
 def fixed_extent(x: Ext, prog: Program) -> int | None:

@@ -4,14 +4,14 @@ and dQ (FlashAttention-2's backward), read off the kernel IR and refused by name
 The meaning this printer implements (names are the kernel IR's own):
 
     stage R_t[r < BM, e < D] = [bound] ? R[.., BM*rt + r, .., e] : 0     (row tiles: 1 or more)
-    for g < G carrying (acc_g = 0):                                      (group loops: 0 or more)
+    for g < G carrying (acc_g = 0, acc2_g = 0, ..):                      (group loops: 0 or more)
         for it < EXT carrying (acc = 0, acc2 = 0, ..):                   (one or more sums)
             stage C_t[r < BN, e < D] = [bound] ? C[.., g, .., BN*it + r, .., e] : 0  (column tiles, shared)
             acc := acc + sum(c < BN @mma: [G] ? X_t[c, n] * A : 0)       (or A * X_t[c, n])
             acc2 := acc2 + sum(c2 < BN @mma: [G2] ? X2_t[c2, n] * A2 : 0)
-        acc_g := acc_g + acc
+        acc_g := acc_g + acc;  acc2_g := acc2_g + acc2; ..
     store Out[.., BM*rt + row, .., n] = acc_g   where [bound]
-    (also Out2[.., BM*rt + row, .., n] = acc2 where [bound]: FUSE-SUMS' further output)
+    (also Out2[.., BM*rt + row, .., n] = acc2_g where [bound]: FUSE-SUMS' further output)
 
 where the lanes are (row @warp, n), X_t is a column tile (the accumulation's B operand, read at
 [c, n]: ldmatrix .trans) and A, the accumulation's A operand, is any element-wise expression of
@@ -28,8 +28,8 @@ Several sums in one tile loop (FUSE-SUMS: dK beside dV) share the row tiles, the
 every score tile: a score of the same row tile and column tile is computed once per tile and read
 by every sum's A (each sum's column index is renamed to the first's); each sum has its own
 accumulator, B tile and output, all stored at the one output index.  The tile range is the union
-of the sums' ranges: only a zero guard every sum has narrows it.  Group loops around several
-sums are refused by name.
+of the sums' ranges: only a zero guard every sum has narrows it.  Group loops may carry several
+sums (GQA's fused dK / dV): group state k adds the tile loop's sum k.
 
 A group loop sums the tile sum over an index that the column tiles and A may read like a batch
 index and the row tiles may not (GQA's dK / dV: the query heads g of a K / V head): its sum
@@ -219,10 +219,7 @@ def match(k: Kernel, instr: str = "mma_sync", name: str = NAME) -> _Match:
     if not pre or not all(isinstance(s, Stage) for s in pre):
         raise refuse(name, "the kernel is not [stage row tiles; one tile loop] (a tile sum)")
     sums = _tile_sums(loop, instr, name)
-    if groups and len(sums) > 1:
-        raise refuse(name, f"group loops around {len(sums)} sums (a fused dK / dV summed over query heads) "
-                     "are not implemented")
-    totals = (groups[0].state[0].name,) if groups else tuple(st.name for st in loop.state)
+    totals = tuple(st.name for st in (groups[0] if groups else loop).state)
     if not all(isinstance(s, Stage) and s.buf.level == "shared" for s in loop.body):
         raise refuse(name, "the tile loop's body must only stage column tiles in shared memory")
     if len(k.lanes) != 2:
@@ -508,6 +505,8 @@ def shared_context(m: _Match, score_ref: str, skip_rows: int, skip_unit: str, co
         params=params, _arg_names=arg_names,
         batch_decls=[f"const long long {v} = {bidx[g]};" for g, v in batch.items()],
         groups=[dict(var=group[g.var], ext=f"(long long)({ext_c(g.ext, {**blk, **group})})") for g in m.groups],
+        # the tile range read from the group indices (else computed once, before the group loops)
+        range_per_group=bool((m.loop.ext.names() | {n for c in guards for n in c.names()}) & set(group)),
         rtile_expr=rtile_expr,
         row_tiles=[dict(ptr=ptr[t.op.name], base=base_c(t.op, fixed, "rt * %d" % p.block_m), register=t.level == "register",
                         lim=sizes[t.rows_size] + " - rt * %d" % p.block_m) for t in p.row_tiles],

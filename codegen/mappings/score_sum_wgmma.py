@@ -24,7 +24,8 @@ as the forward computes it (ex2.approx of log2(e) x).
 Group loops (GQA's dK / dV: a sum over the query heads g of a K / V head around the query-tile
 sum) are printed as score_sum.match reads them: the row tiles staged once, then per group step the
 column pointers at the step's g, the tile range, the reads and the ring anew, every step adding
-into the one accumulator (the first accumulation of the kernel, not of the step, starts it).
+into the accumulators (one per sum: GQA's fused dV and dK share the steps, the ring and the score
+tiles; the first accumulation of the kernel, not of the step, starts them).
 The mask's bounds (a window's lower and upper, a disjunction's union) narrow the tile range and
 the per-warpgroup skip (score_sum.shared_context); score terms (an ALiBi slope times j - i, a bias
 read) are the kernel IR's value, printed per fragment element.
@@ -32,8 +33,7 @@ read) are the kernel IR's value, printed per fragment element.
 Refused by name: head dims other than 64 and 128 (the accumulators of two sums of d128 and two
 score tiles fill the register file; d256 does not fit), blocks that are not whole warpgroups of
 64 rows, column tiles that are not a multiple of 16 rows up to 128, and everything score_sum.match
-refuses (a group loop around dK and dV fused: FUSE-SUMS fuses the sum over g, the query-tile sums
-inside it stay two loops, which the plan has no form for).
+refuses.
 """
 from __future__ import annotations
 

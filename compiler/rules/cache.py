@@ -15,7 +15,9 @@ tile may use different tile indices of equal extents (dK reads Q[i, e5] in its s
 in its product: one tile, `over: [ii, e5, e]`), each read then goes through the buffer at its
 own indices.  The tile
 must be reused: some enclosing index the tile does not depend on must have extent ≥ 2.
-`stages` > 1 asks for a multi-buffered pipeline when `at` is a sequential index.
+`stages` > 1 asks for a multi-buffered pipeline when `at` is a sequential index.  Several sums
+binding `at` over one extent (FUSE-SUMS `inner`: GQA's dV and dK sums over the query tiles io,
+siblings under the group sum) form one scope: each stages the tile alike, under one buffer name.
 
 Accumulator (D5): `accumulator: ko` marks the sum over ko as accumulated at `level` in `dtype`.
 
@@ -30,7 +32,7 @@ from pydantic import Field, model_validator
 
 from ..ir import (
     AccFact, Aff, Binding, Cond, Const, Def, Expr, Ext, Fold, Let, Program, Read, Reduce, Select, Softmax,
-    fresh, names_in_program, replace_reads, walk,
+    fresh, map_children, names_in_program, replace_reads, walk,
 )
 from ..errors import did_you_mean
 from . import register
@@ -73,10 +75,16 @@ def _scope(d: Def, at: str | None) -> tuple[Expr, list[Expr]]:
         return d.body, [d.body]
     node = find_binder(d, at)
     if isinstance(node, Reduce):
-        return node, [node.body]
+        return node, [x.body for x in sibling_sums(d, node)]
     if isinstance(node, Fold):
         return node, [b.value for b in node.binds] + list(node.update)
     return None, []
+
+
+def sibling_sums(d: Def, node: Reduce) -> list[Reduce]:
+    """The sums of d binding node's index over its extent: node alone, or the sums FUSE-SUMS gave one
+    index inside a shared outer sum (GQA's dV / dK tile sums under the group sum), staged alike."""
+    return [x for x in walk(d.body) if isinstance(x, Reduce) and x.var == node.var and x.ext == node.ext]
 
 
 class Cache(Rule):
@@ -239,8 +247,14 @@ class Cache(Rule):
         if p.at is None:
             body = Let(bind, replace_reads(d.body, t, via_buffer))
         elif isinstance(node, Reduce):
-            new = replace(node, body=Let(bind, replace_reads(node.body, t, via_buffer)))
-            body = replace_node(d.body, node, new)
+            sites = sibling_sums(d, node)
+
+            def staged(e: Expr) -> Expr:
+                if any(e is x for x in sites):
+                    return replace(e, body=Let(bind, replace_reads(e.body, t, via_buffer)))
+                return map_children(e, staged)
+
+            body = staged(d.body)
         elif isinstance(node, Fold):
             new = replace(
                 node,

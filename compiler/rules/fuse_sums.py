@@ -15,6 +15,13 @@ tile index, PARALLEL, MAP-MMA) schedule both sums at once, and one tile staged f
 serves both.  A value both bodies compute (the recomputed probabilities and scores) is still
 written twice in the IR; the kernel computes it once per tile (the printer's common terms).
 
+Sums under a shared outer sum (GQA's dV and dK: sum(g < G: sum(io < T: ..)), the sum over the
+query heads g of a K / V head around the query-tile sum): the outer sums over g are the ones
+fused, and `inner: io` names A's sum directly inside; B's sum there, over the same extent, is
+given the index io (its binders are apart from A's, so this is a renaming of a bound index).  Each
+accumulator then adds a sum over io: CACHE at io stages one tile for both and the lowering runs
+them as one tile loop carrying both sums inside each group step (codegen/kir/lower.py).
+
 Preconditions: A and B are definitions of this kernel (not written by another step), B an
 output of the program (the output or a further one) read by no definition, A writing no
 further output yet; both bodies are a sum over the same extent, with no tensor-core or
@@ -24,7 +31,11 @@ class of store (B keeps its own type).
 Theorem: fold_pair_sum (proofs_ci/coq/Rules/FuseSums.v, lean/Derivc/Rules/FuseSums.lean): the
 fold of two independent accumulators from (0, 0) ends at (sumTo E f, sumTo E g).  The step's
 obligation instantiates it for A's value; B's value is the same theorem's second component,
-checked numerically here (every output on every draw) like FOLD-STAT's statistic.
+checked numerically here (every output on every draw) like FOLD-STAT's statistic.  With `inner`
+the theorem is the same: the fused sums are the outer ones, over one range (f and g of the
+theorem are the inner sums as functions of the outer index), and the inner sums' shared index is
+a bound variable's name, invisible in the exported terms (the two lambdas are alpha-equivalent to
+the ones before the renaming), so the step's obligation has the same form and proof.
 """
 from __future__ import annotations
 
@@ -42,6 +53,32 @@ class FuseSumsParams(StepParams):
     """the definition whose sum becomes the fold carrying both accumulators"""
     with_: str = Field(alias="with")
     """the definition of the second sum (same tiles, same loop nest), written by the fold as a further output"""
+    inner: str | None = None
+    """a sum directly inside the fused one (the tile sum under GQA's group sum over g): the second
+    body's sum at that place, over the same extent, takes its index, so later steps (CACHE at it,
+    the lowering) see one tile loop carrying both sums inside each step of the shared outer sum"""
+
+
+def shared_inner(a: Reduce, b: Reduce, inner: str) -> str | None:
+    """Why b's sum directly inside its outer sum cannot take the index of a's inner sum `inner`
+    (None: it can)."""
+    ia, ib = a.body, b.body
+    if not (isinstance(ia, Reduce) and ia.op == "sum" and ia.var == inner):
+        return f"the sum over {a.var} does not hold a sum over {inner} directly"
+    if not (isinstance(ib, Reduce) and ib.op == "sum"):
+        return f"the second sum over {b.var} does not hold a sum directly"
+    if ia.ext != ib.ext:
+        return f"the inner sums differ: {inner} < {ia.ext} and {ib.var} < {ib.ext}"
+    if ia.mma is not None or ia.acc is not None or ib.mma is not None or ib.acc is not None:
+        return "the inner sums carry tensor-core or accumulator facts: fuse the sums before MAP-MMA"
+    return None
+
+
+def with_inner_index(b: Reduce, inner: str) -> Reduce:
+    """b with its inner sum's index renamed to `inner` (alpha-renaming of a bound index: b's
+    binders are apart from a's names, so `inner` is free in b)."""
+    ib: Reduce = b.body  # type: ignore[assignment]
+    return replace(b, body=replace(ib, var=inner, body=subst_index(ib.body, ib.var, Aff.of(inner))))
 
 
 def renamed_like(a: Def, b: Def, taken: set[str]) -> Def:
@@ -106,6 +143,11 @@ class FuseSums(Rule):
         # apart from A's names (and every tensor's): B's own names may stay as they are
         taken = set(names_in_program(replace(prog, defs=(a,)))) | {d.name for d in prog.defs}
         nb = renamed_like(a, b, set(taken))
+        if p.inner is not None:
+            why = shared_inner(a.body, nb.body, p.inner)
+            if why:
+                raise self.fail(f"inner: {why}")
+            nb = replace(nb, body=with_inner_index(nb.body, p.inner))
         if nb.store != a.store or nb.guard != a.guard:
             raise self.fail(f"{b.name}'s store or guard differs from {a.name}'s once its loops are renamed")
         sa, sb = fresh(f"acc_{a.name}", taken), fresh(f"acc_{b.name}", taken | {f"acc_{a.name}"})

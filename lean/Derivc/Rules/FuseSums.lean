@@ -1,6 +1,8 @@
 /- Rule FUSE-SUMS: two sums over the same index become one fold carrying both accumulators
    (one kernel writing two outputs: the attention backward's dV and dK).  The fold of two
    independent accumulators from (0, 0) ends at the pair of the sums.
+   Sums nested in a shared outer sum (the rule's `inner`: GQA's dV / dK under the sum over g) are
+   the same theorem, f and g the inner sums as functions of the outer index.
    Mirrors Rules/FuseSums.v.  NOT checked here (no Lean toolchain). -/
 import Derivc.Tactics
 

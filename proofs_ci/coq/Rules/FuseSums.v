@@ -1,7 +1,10 @@
 (* Rule FUSE-SUMS: two sums over the same index become one fold carrying both accumulators
    (one kernel writing two outputs: the attention backward's dV and dK).  The fold of two
    independent accumulators from (0, 0) ends at the pair of the sums; its first component is
-   the first sum (the definition's value), its second the second (its further output). *)
+   the first sum (the definition's value), its second the second (its further output).
+   Sums nested in a shared outer sum (GQA's dV / dK: sum over the query heads g of a query-tile
+   sum; the rule's `inner`) are the same theorem: the outer sums are the ones fused, f and g the
+   inner sums as functions of g, and the inner sums' shared index is a binder's name only. *)
 From Coq Require Import Arith Lia.
 Require Import Derivc.Algebra Derivc.Sum Derivc.Tactics.
 
