@@ -156,13 +156,13 @@ def test_tuned_decode_dispatch(example, tmp_path):
 
     import derivc
     from codegen import tune_cmd
-    from compiler.cli import build_to
+    from prebuilt import build_or_prebuilt
     from compiler.tuning_table import bucket, read_tuning
     from compiler.variant_build import built_dirs
 
     heads, hk_name, group = TUNED_DECODE[example]
     out = tmp_path / "tuned"
-    build_to(ROOT / "examples" / example, out, proofs=False)
+    build_or_prebuilt(ROOT / "examples" / example, out)
     shapes = [(1, 32 // group, 8192), (16, 8 // group * 2, 1000)]  # (B, K/V heads, Nk)
     args = argparse.Namespace(dir=str(out), output=None, no_proofs=True, seed=0, budget=None, keep=2,
                               sizes=[f"B={b},{hk_name}={hk},Nq=1,Nk={nk}" for b, hk, nk in shapes])
