@@ -7,7 +7,9 @@ from pathlib import Path
 def build_or_prebuilt(spec: Path, out: Path, **kw) -> Path:
     """A build of `spec` at `out` — or a copy of DERIVC_PREBUILT/<spec stem> when that environment
     variable names a directory holding one (devtools/prebuild.py, or builds carried to the GPU
-    machine: a build of many variants costs minutes of one core there).  Returns `out`."""
+    machine: a build of many variants costs minutes of one core there).  Returns `out`.  A carried
+    build holds cubins of the NVRTC that built it: a test that runs `derivc verify` on it (a rebuild
+    compared byte for byte) must build here instead."""
     import os
     import shutil
 
