@@ -1,0 +1,189 @@
+"""Direct proofs of `before = after` obligations: a congruence script printed from the two terms.
+
+An equality obligation states a local rewrite: `before` and `after` are the same term except at
+the rewritten sites.  `derivc_congr` (proofs_ci/coq/Tactics.v) finds that out by search over the
+whole term (case splits on every closed guard first, every alternative tried at every node), and
+`Qed` re-checks the large term it builds.  The exporter has both terms, so it prints the descent
+instead: after `cbv beta zeta` (the goal's lets inlined, as the printer here inlines them), one
+congruence lemma per node on the path to each difference (`f_equalN` for an application,
+`sumTo_ext_eq` / `maxTo_ext_eq` / `mma16_ext` / `foldN_ext` under a binder, `sel_congr` for a
+guard with its condition as a hypothesis), `reflexivity` on every side that is the same term, and
+the search tactic only on the small differing subterms (`derivc_leaf`: the guard hypotheses made
+readable by lia, then `derivc_congr`).
+
+The statement is not touched.  A script that does not fit the goal fails coqc (no fallback at
+check time); `direct_script` returns None only where the two terms differ at the root, and the
+caller keeps the search tactic there.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import count
+from .obligations_terms import Term
+
+PROOF_SEARCH = "intros.\n  derivc_congr."  # the search proof this printer replaces
+
+# heads whose function arguments are descended into with an extensionality lemma:
+# head -> (lemma, explicit argument count, position of the function, binders of the function)
+_BINDER_HEADS = {
+    "sumTo": ("sumTo_ext_eq", 2, 1, 1),
+    "maxTo": ("maxTo_ext_eq", 2, 1, 1),
+    "mma16": ("mma16_ext", 1, 0, 1),
+    "foldN": ("foldN_ext", 3, 0, 2),
+}
+_MAX_FEQUAL = 5  # Coq's f_equal .. f_equal5
+
+
+@dataclass(frozen=True)
+class DirectProof:
+    script: str  # the tactic proof of the theorem (starting with intros)
+    leaves: int  # differing subterms left to derivc_leaf
+
+
+# --------------------------------------------------------------------------- beta / zeta
+
+
+class _Fresh:
+    def __init__(self) -> None:
+        self._n = count()
+
+    def __call__(self, base: str) -> str:
+        return f"{base}'{next(self._n)}"
+
+
+def normalize(t: Term, env: dict[str, Term] | None = None, fresh: _Fresh | None = None) -> Term:
+    """The beta-zeta normal form of t (what Coq's `cbv beta zeta` leaves), binders renamed apart."""
+    return _norm(t, env or {}, fresh or _Fresh())
+
+
+def _norm(t: Term, env: dict[str, Term], fresh: _Fresh) -> Term:
+    k = t[0]
+    if k == "var":
+        return env.get(t[1], t)
+    if k in ("num", "true"):
+        return t
+    if k == "nop":
+        return ("nop", t[1], _norm(t[2], env, fresh), _norm(t[3], env, fresh))
+    if k == "let":
+        return _norm(t[3], {**env, t[1]: _norm(t[2], env, fresh)}, fresh)
+    if k == "lam":
+        names = [fresh(n) for n in t[1]]
+        inner = {**env, **{n: ("var", m) for n, m in zip(t[1], names)}}
+        return ("lam", names, _norm(t[2], inner, fresh))
+    if k == "app":
+        args = [_norm(a, env, fresh) for a in t[2]]
+        head = env.get(t[1])
+        if head is None:
+            return ("app", t[1], args)
+        return _apply(head, args, fresh)
+    raise ValueError(f"not a value term: {t[0]}")
+
+
+def _apply(f: Term, args: list[Term], fresh: _Fresh) -> Term:
+    if not args:
+        return f
+    if f[0] == "lam":
+        n = min(len(f[1]), len(args))
+        rest = f[1][n:]
+        body = _norm(("lam", rest, f[2]) if rest else f[2], dict(zip(f[1], args[:n])), fresh)
+        return _apply(body, args[n:], fresh)
+    if f[0] == "var":
+        return ("app", f[1], args)
+    if f[0] == "app":
+        return ("app", f[1], f[2] + args)
+    raise ValueError(f"applying a {f[0]}")
+
+
+def _key(t: Term, scope: tuple[str, ...] = ()) -> tuple:
+    """t without binder names (de Bruijn): equal keys = the same Coq term."""
+    k = t[0]
+    if k == "var":
+        return ("b", len(scope) - 1 - scope[::-1].index(t[1])) if t[1] in scope else t
+    if k in ("num", "true"):
+        return t
+    if k == "nop":
+        return ("nop", t[1], _key(t[2], scope), _key(t[3], scope))
+    if k == "lam":
+        return ("lam", len(t[1]), _key(t[2], scope + tuple(t[1])))
+    if k == "app":
+        h = ("b", len(scope) - 1 - scope[::-1].index(t[1])) if t[1] in scope else t[1]
+        return ("app", h, tuple(_key(a, scope) for a in t[2]))
+    raise ValueError(f"not a value term: {t[0]}")
+
+
+# --------------------------------------------------------------------------- the script
+
+
+def _rename(t: Term, old: list[str], new: list[str]) -> Term:
+    return _norm(t, {o: ("var", n) for o, n in zip(old, new)}, _Fresh())
+
+
+def _descend(b: Term, a: Term, leaves: list[int]) -> str:
+    """A tactic proving the current goal `b = a` (both beta-zeta normal)."""
+    if _key(b) == _key(a):
+        return "reflexivity"
+    if b[0] == "app" and a[0] == "app" and b[1] == a[1] and len(b[2]) == len(a[2]):
+        binder = _BINDER_HEADS.get(b[1])
+        if binder is not None:
+            s = _under_binder(b, a, binder, leaves)
+            if s is not None:
+                return s
+        elif b[1] == "sel" and len(b[2]) == 3 and _key(b[2][0]) == _key(a[2][0]):
+            x, y = (_descend(p, q, leaves) for p, q in zip(b[2][1:], a[2][1:]))
+            return f"apply sel_congr; intros ?; [ {x} | {y} ]"
+        elif 1 <= len(b[2]) <= _MAX_FEQUAL:
+            lemma = "f_equal" if len(b[2]) == 1 else f"f_equal{len(b[2])}"
+            subs = [_descend(p, q, leaves) for p, q in zip(b[2], a[2])]
+            return f"apply {lemma}; [ {' | '.join(subs)} ]" if len(subs) > 1 else f"apply {lemma}; {subs[0]}"
+    leaves.append(1)
+    return "derivc_leaf"
+
+
+def _under_binder(b: Term, a: Term, binder: tuple[str, int, int, int], leaves: list[int]) -> str | None:
+    lemma, nargs, fpos, nbound = binder
+    if len(b[2]) != nargs:
+        return None
+    fb, fa = b[2][fpos], a[2][fpos]
+    if not (fb[0] == "lam" == fa[0] and len(fb[1]) == nbound == len(fa[1])):
+        return None
+    body = _descend(fb[2], _rename(fa[2], fa[1], fb[1]), leaves)
+    intro = "intros " + " ".join(["?"] * (nbound + 1)) + "; cbv beta; "
+    others = [_descend(p, q, leaves) for k, (p, q) in enumerate(zip(b[2], a[2])) if k != fpos]
+    if lemma == "mma16_ext":
+        return f"apply {lemma}; {intro}{body}"
+    if lemma == "foldN_ext":  # foldN f s0 n: premises n = m, s0 = s1, then the step
+        init, ext = others
+        return f"apply {lemma}; [ {_nat(ext)} | {init} | {intro}{body} ]"
+    return f"apply {lemma}; [ {_nat(others[0])} | {intro}{body} ]"
+
+
+def _nat(script: str) -> str:
+    """An extent premise n = m: the same term, or equal by index arithmetic."""
+    return script if script == "reflexivity" else "derivc_leaf"
+
+
+def direct_script(before: Term, after: Term) -> DirectProof | None:
+    """The direct proof of `before = after` stated with intros-able hypotheses, or None where
+    the two terms already differ at the root (nothing to descend: the search tactic stays)."""
+    b, a = normalize(before), normalize(after)
+    leaves: list[int] = []
+    body = _descend(b, a, leaves)
+    if body == "derivc_leaf":
+        return None
+    return DirectProof(f"intros. cbv beta zeta.\n  {body}.", len(leaves))
+
+
+def prove_directly(thms: list) -> dict[str, str]:
+    """Replace the search proof of each equality theorem by its direct proof where one is
+    printed; returns theorem name -> "direct" | "search" (the index's proof counts)."""
+    modes: dict[str, str] = {}
+    for t in thms:
+        if t.proof != PROOF_SEARCH or t.concl[0] != "eq":
+            continue
+        direct = direct_script(t.concl[1], t.concl[2])
+        if direct is None:
+            modes[t.name] = "search"
+        else:
+            t.proof = direct.script
+            modes[t.name] = "direct"
+    return modes
