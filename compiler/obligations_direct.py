@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import count
-from .obligations_terms import Term
+from .obligations_terms import A, Term, V
 
 PROOF_SEARCH = "intros.\n  derivc_congr."  # the search proof this printer replaces
 
@@ -73,6 +73,8 @@ def _norm(t: Term, env: dict[str, Term], fresh: _Fresh) -> Term:
         return t
     if k == "nop":
         return ("nop", t[1], _norm(t[2], env, fresh), _norm(t[3], env, fresh))
+    if k == "if":  # Coq's `if c then x else y` (library definitions; the exporter prints sel)
+        return ("if", *(_norm(x, env, fresh) for x in t[1:]))
     if k == "let":
         return _norm(t[3], {**env, t[1]: _norm(t[2], env, fresh)}, fresh)
     if k == "lam":
@@ -112,6 +114,8 @@ def _key(t: Term, scope: tuple[str, ...] = ()) -> tuple:
         return t
     if k == "nop":
         return ("nop", t[1], _key(t[2], scope), _key(t[3], scope))
+    if k == "if":
+        return ("if", *(_key(x, scope) for x in t[1:]))
     if k == "lam":
         return ("lam", len(t[1]), _key(t[2], scope + tuple(t[1])))
     if k == "app":
@@ -156,7 +160,9 @@ def _under_binder(b: Term, a: Term, binder: tuple[str, int, int, int], leaves: l
     if not (fb[0] == "lam" == fa[0] and len(fb[1]) == nbound == len(fa[1])):
         return None
     body = _descend(fb[2], _rename(fa[2], fa[1], fb[1]), leaves)
-    intro = "intros " + " ".join(["?"] * (nbound + 1)) + "; cbv beta; "
+    # a fold's step may be a library step function (onlineStepW) applied to its parameters
+    red = "cbv beta zeta delta [onlineStepW]" if lemma == "foldN_ext" else "cbv beta"
+    intro = "intros " + " ".join(["?"] * (nbound + 1)) + f"; {red}; "
     others = [_descend(p, q, leaves) for k, (p, q) in enumerate(zip(b[2], a[2])) if k != fpos]
     if lemma == "mma16_ext":
         return f"{_use(lemma)}; {intro}{body}"
@@ -196,3 +202,36 @@ def prove_directly(thms: list) -> dict[str, str]:
             t.proof = direct.script
             modes[t.name] = "direct"
     return modes
+
+
+def _online_step(w: Term, v: Term, t: Term, mnext: Term, fresh: _Fresh) -> Term:
+    """onlineStepW w v t mnext (proofs_ci/coq/Rules/OnlineAgg.v) as a function of (o, st)."""
+    o, st = fresh("o"), fresh("st")
+    m_old = A("st_m", V(st))
+    m_new = _apply(mnext, [V(o), m_old], fresh)
+    idx = lambda i: ("nop", "+", ("nop", "*", V(o), t), V(i))
+    i1, i2 = fresh("i"), fresh("i")
+    rescale = A("rescale", m_old, m_new)
+    l = A("add", A("mul", A("st_l", V(st)), rescale),
+          A("sumTo", t, ("lam", [i1], _apply(w, [idx(i1), m_new], fresh))))
+    acc = A("add", A("mul", A("st_acc", V(st)), rescale),
+            A("sumTo", t, ("lam", [i2], A("mul", _apply(w, [idx(i2), m_new], fresh),
+                                                  _apply(v, [idx(i2)], fresh)))))
+    return ("lam", [o, st], A("mkOState", m_new, l, acc))
+
+
+def online_fold_script(g: Term, s: Term, v: Term, t: Term, mnext: Term, ext: Term, after: Term) -> str | None:
+    """After `rewrite onlineFoldG_foldN`: the direct proof of
+    div (st_acc F) (st_l F) = after, F = foldN (onlineStepW (fun j m => if g j then expd (Fin (s j)) m
+    else zero) v t mnext) (mkOState ninf zero zero) ext (ONLINE-AGG's second half); None where the
+    descent stops at the root."""
+    fresh = _Fresh()
+    g, s, v, t, mnext, ext = (normalize(x, fresh=fresh) for x in (g, s, v, t, mnext, ext))
+    j, m = fresh("j"), fresh("m")
+    w = ("lam", [j, m], ("if", _apply(g, [V(j)], fresh),
+                         A("expd", A("Fin", _apply(s, [V(j)], fresh)), V(m)), A("zero")))
+    fold = A("foldN", _online_step(w, v, t, mnext, fresh), A("mkOState", A("ninf"), A("zero"), A("zero")), ext)
+    lhs = A("div", A("st_acc", fold), A("st_l", fold))
+    leaves: list[int] = []
+    body = _descend(lhs, normalize(after, fresh=fresh), leaves)
+    return None if body == "derivc_leaf" else f"cbv beta zeta.\n    {body}"
