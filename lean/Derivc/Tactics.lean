@@ -291,6 +291,10 @@ macro_rules
 /-- the guard hypotheses of sel_congr as facts omega reads -/
 macro "derivc_bhyps" : tactic => `(tactic| derivc_facts)
 
+/-- foldN_trunc_eq's first premise in a direct proof: the dropped iterations leave the state unchanged -/
+macro "derivc_kill_step" : tactic =>
+  `(tactic| (intro _ s _ _; first | (exfalso; omega) | (cases s; derivc_kill_masked)))
+
 /-- one differing subterm of a direct proof: search, on that subterm only -/
 macro "derivc_leaf" : tactic => `(tactic| (derivc_bhyps; derivc_congr))
 

@@ -313,6 +313,12 @@ Ltac derivc_bhyps :=
   | H : Nat.eqb _ _ = false |- _ => apply Nat.eqb_neq in H
   end.
 
+(* foldN_trunc_eq's first premise in a direct proof: the iterations the shorter fold drops
+   leave the online-aggregation state unchanged (none are dropped: the range is empty) *)
+Ltac derivc_kill_step :=
+  let s := fresh "s" in
+  intros ? s ? ?; first [ exfalso; lia | destruct s; derivc_kill_masked ].
+
 (* one differing subterm of a direct proof: search, on that subterm only *)
 Ltac derivc_leaf := derivc_bhyps; derivc_congr.
 
