@@ -7,7 +7,8 @@ in IRₖ (`after`), both exported from the actual IR by compiler/obligations_ter
 quantified over everything free in them, with bound hypotheses `v < extent` for the enclosing
 loops/reductions, the definition's store guard and enclosing select conditions.  The proof
 applies the rule's theorem to `before` and closes the rest with `derivc_congr`
-(proofs_ci/coq/Tactics.v), which only accepts agreement up to linear index arithmetic, guards
+(proofs_ci/coq/Tactics.v) or, where the exporter prints it, a direct congruence descent to the
+differing subterms (compiler/obligations_direct.py); `derivc_congr` only accepts agreement up to linear index arithmetic, guards
 decided by lia, in-bounds producer reads and commutative-ring identities.  The after-term is
 never produced by instantiating the lemma, so a wrong rewrite makes coqc fail.
 
