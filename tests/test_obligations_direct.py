@@ -138,3 +138,13 @@ def test_direct_proof_checks_and_mutations_fail(spec, step, tensor, tmp_path, co
     wrong = main.proof.replace("derivc_leaf", "reflexivity", 1)
     assert wrong != main.proof
     assert not _coqc(replace(ob, thms=[replace(main, proof=wrong)]), tmp_path, coq_lib, "BadPath")
+
+
+def test_mask_and_the_online_fold_half_are_direct():
+    steps = dict((rec.kind + str(rec.index), ob) for rec, ob in _steps(FLASH))
+    mask = steps["MASK9"]
+    (eq,) = [t for t in mask.thms if t.concl[0] == "eq"]
+    assert mask.proof_modes[eq.name] == "direct" and "foldN_trunc_eq" in eq.proof
+    assert "pose proof (ceilDiv_ge" in eq.proof  # the obligation's facts are kept
+    agg = steps["ONLINE-AGG6"].thms[0].proof
+    assert "rewrite onlineFoldG_foldN.\n    cbv beta zeta." in agg and "foldN_ext" in agg
