@@ -148,3 +148,16 @@ def test_mask_and_the_online_fold_half_are_direct():
     assert "pose proof (ceilDiv_ge" in eq.proof  # the obligation's facts are kept
     agg = steps["ONLINE-AGG6"].thms[0].proof
     assert "rewrite onlineFoldG_foldN.\n    cbv beta zeta." in agg and "foldN_ext" in agg
+
+
+@needs_coq
+def test_mask_direct_proof_rejects_a_fold_cut_too_short(tmp_path, coq_lib):
+    ob = dict((rec.index, o) for rec, o in _steps(FLASH))[9]
+    (eq,) = [t for t in ob.thms if t.concl[0] == "eq"]
+    after = eq.concl[2]
+    assert after[0] == "let" and after[2][1] == "foldN"
+    short = ("let", after[1], ("app", "foldN", after[2][2][:2] + [N(1)]), after[3])
+    facts = eq.proof[len("intros."):eq.proof.index(" cbv beta zeta.")]  # the search proof it replaced
+    bad = replace(eq, concl=("eq", eq.concl[1], short), proof=f"intros.{facts}\n  derivc_congr.")
+    assert prove_directly([bad]) == {bad.name: "direct"} and "foldN_trunc_eq" in bad.proof
+    assert not _coqc(replace(ob, thms=[bad]), tmp_path, coq_lib, "ShortFold")
