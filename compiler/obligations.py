@@ -7,7 +7,8 @@ in IRₖ (`after`), both exported from the actual IR by compiler/obligations_ter
 quantified over everything free in them, with bound hypotheses `v < extent` for the enclosing
 loops/reductions, the definition's store guard and enclosing select conditions.  The proof
 applies the rule's theorem to `before` and closes the rest with `derivc_congr`
-(proofs_ci/coq/Tactics.v), which only accepts agreement up to linear index arithmetic, guards
+(proofs_ci/coq/Tactics.v) or, where the exporter prints it, a direct congruence descent to the
+differing subterms (compiler/obligations_direct.py); `derivc_congr` only accepts agreement up to linear index arithmetic, guards
 decided by lia, in-bounds producer reads and commutative-ring identities.  The after-term is
 never produced by instantiating the lemma, so a wrong rewrite makes coqc fail.
 
@@ -45,6 +46,7 @@ from .obligations_base import (
     Obligation, Thm, _at_path, _binders, _c, _def_hyps, _l, _def_pair, _eq_thm, _exporter, _failed_text, _find_path,
     _lam_of, _ob, _thm_name, coq_text, lean_text,
 )
+from .obligations_direct import prove_directly
 from .obligations_bwd import ob_recompute, ob_rowterm
 from .obligations_split import ob_split_k, ob_split_kv
 from .obligations_fold import ob_fold_stat, ob_fuse_sums, ob_map_mma, ob_mask, ob_online_agg
@@ -400,6 +402,7 @@ def obligation_for(rec, before: Program, after: Program) -> Obligation:
     others, skipped = others_thm(rec, before, after, changed)
     if others is not None:
         ob.thms.append(others)
+    ob.proof_modes = prove_directly(ob.thms)
     if skipped:
         note = (f"definitions {', '.join(skipped)} unchanged by IR equality, not exported "
                 "(ring arithmetic on a max, which may be -inf)")
@@ -438,7 +441,8 @@ def write_obligations(derivation: Any, outdir: Path) -> list[Path]:
             lf.write_text(lean_text(ob))
             entry.update({"theorem": ob.theorem, "status": ob.status, "checked": ob.checked,
                           "not_checked": ob.unchecked, "coq_theorems": [t.name for t in ob.thms],
-                          "before": ob.before, "after": ob.after, "constants": ob.consts})
+                          "before": ob.before, "after": ob.after, "constants": ob.consts,
+                          "proofs": ob.proof_modes})
         written += [vf, lf]
         index.append(entry)
     payload: dict[str, Any] = {"steps": index}

@@ -43,6 +43,7 @@ class Obligation:
     notes: list[str] = field(default_factory=list)
     consts: dict[str, str] = field(default_factory=dict)
     uses_log: bool = False  # the proof uses the class KAlgLog (RECOMPUTE), whatever the statement says
+    proof_modes: dict[str, str] = field(default_factory=dict)  # equality theorem -> direct | search
 
 
 # --------------------------------------------------------------------------- helpers

@@ -9,6 +9,7 @@ from .obligations_base import (
     LEAN_PROPS, Obligation, Thm, online_parts, running_max_lam, _binders, _c, _def_hyps, _l, _def_pair, _eq_thm,
     _exporter, _lam_of, _ob, _thm_name,
 )
+from .obligations_direct import online_fold_script
 from .obligations_frame import _FRAME_PROOF, _def_frame, store_frame
 from .obligations_site import _finish, _site
 from .obligations_terms import A, ExportError, Lam, N, V
@@ -61,7 +62,7 @@ def ob_online_agg(rec, before: Program, after: Program) -> Obligation:
              f"    rewrite !(sumTo_tile ({_c(E)}) {_c(T)}).\n"
              f"    derivc_congr.\n"
              f"  - rewrite onlineFoldG_foldN.\n"
-             f"    derivc_congr.")
+             f"    {online_fold_script(G, S, Vf, T, mnext, E, a) or 'derivc_congr'}.")
     fo_l = f"onlineFoldG ({_l(G)}) ({_l(S)}) ({_l(Vf)}) {_l(T)} ({_l(mnext)}) Ext.ninf ({_l(E)})"
     lean = (f"by\n  intros\n"
             f"  have Hmn_ : online_max_ok ({_l(G)}) {_l(T)} ({_l(mnext)}) ({_l(E)}) := by derivc_mnext\n"

@@ -378,7 +378,7 @@ def compiler_rule_errors(root: Path) -> list[str]:
 # ----------------------------------------------------------------------------- obligation lemmas
 
 # where the obligations' proofs come from: the exporter's proof scripts and the Coq tactics
-OBLIGATION_SOURCES = ("compiler/obligations.py", "compiler/obligations_base.py",
+OBLIGATION_SOURCES = ("compiler/obligations.py", "compiler/obligations_base.py", "compiler/obligations_direct.py",
                       "compiler/obligations_frame.py", "compiler/obligations_bwd.py")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_']*")
 _COQ_LTAC = re.compile(r"(?m)^[ \t]*Ltac[ \t]+([A-Za-z_][A-Za-z0-9_']*)")

@@ -67,6 +67,13 @@ theorem app_cong {A B : Type} (f g : A → B) (a b : A) (hfg : f = g) (hab : a =
 /-- the exporter's guard form, for finite and extended values alike -/
 def sel {A : Type} (b : Bool) (x y : A) : A := if b then x else y
 
+/-- congruence through a guard, each branch under its condition (the direct proofs' descent) -/
+theorem sel_congr {A : Type} (c : Bool) (x x' y y' : A) (hx : c = true → x = x')
+    (hy : c = false → y = y') : sel c x y = sel c x' y' := by
+  cases c
+  · exact hy rfl
+  · exact hx rfl
+
 variable {R : Type} [KAlg R]
 
 theorem sel_if (b : Bool) (x y : R) : sel b x y = if b then x else y := rfl
@@ -280,6 +287,16 @@ macro_rules
           | derivc_congr)
       | (apply app_cong <;> derivc_congr)
       | derivc_ring))
+
+/-- the guard hypotheses of sel_congr as facts omega reads -/
+macro "derivc_bhyps" : tactic => `(tactic| derivc_facts)
+
+/-- foldN_trunc_eq's first premise in a direct proof: the dropped iterations leave the state unchanged -/
+macro "derivc_kill_step" : tactic =>
+  `(tactic| (intro _ s _ _; first | (exfalso; omega) | (cases s; derivc_kill_masked)))
+
+/-- one differing subterm of a direct proof: search, on that subterm only -/
+macro "derivc_leaf" : tactic => `(tactic| (derivc_bhyps; derivc_congr))
 
 /-- a proposition over index arithmetic: bounds, guards, store-index equalities -/
 macro "derivc_props" : tactic =>

@@ -58,6 +58,12 @@ Proof. intros f g a b Hfg Hab. subst g b. reflexivity. Qed.
 (* the exporter's guard form, for finite (R) and extended (ext R) values alike *)
 Definition sel {A : Type} (b : bool) (x y : A) : A := if b then x else y.
 
+(* congruence through a guard: each branch under its condition (the direct proofs'
+   descent, compiler/obligations_direct.py) *)
+Lemma sel_congr {A : Type} : forall (c : bool) (x x' y y' : A),
+  (c = true -> x = x') -> (c = false -> y = y') -> sel c x y = sel c x' y'.
+Proof. intros c x x' y y' Hx Hy. destruct c; unfold sel; [apply Hx | apply Hy]; reflexivity. Qed.
+
 Section Tactics.
 Context {R : Type} `{KAlg R}.
 
@@ -290,6 +296,31 @@ Ltac derivc_congr :=
       let E := fresh "E" in assert (E : c = c') by derivc_congr; rewrite E; destruct c'; derivc_congr end
   | derivc_zsplit; derivc_red; first [ derivc_absurd | derivc_congr ]
   | derivc_ring ].
+
+(* the guard hypotheses of sel_congr (`c = true` / `c = false` on nat comparisons) as facts
+   lia reads *)
+Ltac derivc_bhyps :=
+  repeat match goal with
+  | H : andb _ _ = true |- _ => apply andb_prop in H; destruct H
+  | H : orb _ _ = false |- _ => apply orb_false_elim in H; destruct H
+  | H : negb _ = true |- _ => apply negb_true_iff in H
+  | H : negb _ = false |- _ => apply negb_false_iff in H
+  | H : Nat.ltb _ _ = true |- _ => apply Nat.ltb_lt in H
+  | H : Nat.ltb _ _ = false |- _ => apply Nat.ltb_ge in H
+  | H : Nat.leb _ _ = true |- _ => apply Nat.leb_le in H
+  | H : Nat.leb _ _ = false |- _ => apply Nat.leb_gt in H
+  | H : Nat.eqb _ _ = true |- _ => apply Nat.eqb_eq in H
+  | H : Nat.eqb _ _ = false |- _ => apply Nat.eqb_neq in H
+  end.
+
+(* foldN_trunc_eq's first premise in a direct proof: the iterations the shorter fold drops
+   leave the online-aggregation state unchanged (none are dropped: the range is empty) *)
+Ltac derivc_kill_step :=
+  let s := fresh "s" in
+  intros ? s ? ?; first [ exfalso; lia | destruct s; derivc_kill_masked ].
+
+(* one differing subterm of a direct proof: search, on that subterm only *)
+Ltac derivc_leaf := derivc_bhyps; derivc_congr.
 
 (* a proposition over index arithmetic: bounds, guards, store-index equalities *)
 Ltac derivc_props :=
