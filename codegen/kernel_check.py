@@ -10,7 +10,7 @@ derivation's check sizes on several draws of inputs:
 - `large`: inputs ×4 (attention logits ×16: a fold that forgets to rescale, or shifts by the
   wrong max, is far off), under the reverse fiber order (a missing barrier shows under one
   order or the other);
-- `wide`: every tiled dynamic size at 4.5 of its largest tile rounded up to a multiple of 8
+- `wide`: every tiled dynamic size at 4.5 of its largest tile (in this kernel) rounded up to a multiple of 8
   (aligned rows reach the unguarded main loops and the TMA kernels, five tiles wrap every
   pipeline ring), batch sizes at 1, the seeded random fiber order;
 - `masked`: where the derivation's numeric checks found sizes that leave a row with no live key
@@ -37,6 +37,8 @@ from compiler.derive import checked_outputs, output_error
 from compiler.interp import run_program
 from compiler.kernel_view import kernel_view, written_by
 from compiler.ir import Program
+
+from .kir.ir import Kernel, TileLoop, statements
 
 from .mappings import Printed
 from .run_cmd import TOLERANCE  # the GPU check's tolerances by output dtype: one table
@@ -112,13 +114,31 @@ def given_sizes(printed: Printed, sizes: dict[str, int]) -> dict[str, int]:
     return {n: sizes[n] for n in kernel.dynamic() if n not in from_shapes}
 
 
+def kernel_tiles(kernel: Kernel) -> dict[str, int]:
+    """{dynamic size: the largest tile the kernel's own grid, tile loops and strided lanes divide
+    it by} (an extent ceil(.. N ../T) tiles N by T)."""
+    exts = [g.ext for g in kernel.grid] + [s.ext for s in statements(kernel.body) if isinstance(s, TileLoop)] \
+        + [ln.ext for ln in kernel.lanes if ln.ext is not None]
+    out: dict[str, int] = {}
+    for ext in exts:
+        for num, div in ext.parts:
+            for n in num.names():
+                if div > 1:
+                    out[n] = max(out.get(n, 0), div)
+    return out
+
+
 def wide_sizes(printed: Printed, sizes: dict[str, int], tiles: dict[str, int]) -> dict[str, int]:
     """Sizes that reach what the check sizes do not: every tiled dynamic size at 4.5 tiles of its
     largest tile rounded up to a multiple of 8 (aligned rows: the unguarded main loops and the
     TMA kernels; five tiles: every pipeline ring of up to four stages wraps; still a partial last
     tile), the length of a lane threads stride over (a dynamic row) rounded up to a multiple of 8
     (its vector path), every other dynamic size that an input's shape gives at 1 (batch dims: the
-    cost)."""
+    cost).  A chain kernel gets the whole derivation's tiles: a size is held to the largest tile
+    this kernel divides it by where that is smaller (the split-K partial sums of a tuned GEMM are
+    not run at 4.5 tiles of the combine's 1024 columns: 4.5 of their own 128 wrap every ring)."""
+    own = kernel_tiles(printed.kernel)
+    tiles = {n: min(t, own[n]) if own.get(n) else t for n, t in tiles.items()}
     dyn = set(printed.kernel.dynamic())
     given = given_sizes(printed, sizes)
     strided = {n for ln in printed.kernel.lanes if ln.extent is None for n in ln.ext.names()}

@@ -379,6 +379,8 @@ def example_build(tmp_path_factory) -> Callable[..., SharedBuild]:
     import json
     import os
 
+    from compiler import checkcache
+
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         root = root.parent  # .../pytest-N/popen-gwK: share .../pytest-N between the workers
@@ -393,7 +395,8 @@ def example_build(tmp_path_factory) -> Callable[..., SharedBuild]:
         with open(root / f"{spec.stem}-{key}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if not result.exists():
-                rc, _, err = run_cli(["build", str(spec), "-o", str(out), *args])
+                with checkcache.shared_in_process():  # the steps an earlier build (a variant, a twin) checked
+                    rc, _, err = run_cli(["build", str(spec), "-o", str(out), *args])
                 result.write_text(json.dumps({"rc": rc, "stderr": err}))
         r = json.loads(result.read_text())
         return SharedBuild(r["rc"], r["stderr"], out)

@@ -70,3 +70,26 @@ def test_unset_nothing_is_recorded(tmp_path, monkeypatch, evaluations):
     ran = len(evaluations)
     _numeric(3)
     assert len(evaluations) == 2 * ran and not list(tmp_path.iterdir())
+
+
+def test_inside_shared_in_process_a_repeated_check_is_read_from_memory(tmp_path, monkeypatch, evaluations):
+    monkeypatch.delenv(checkcache.ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(checkcache, "code_digest", lambda: f"this test: {tmp_path}")  # a memory of its own
+    with checkcache.shared_in_process():
+        first = _numeric(5)
+        ran = len(evaluations)
+        assert ran and _numeric(5) == first
+        assert len(evaluations) - ran <= 2  # the draw plan's own runs only: no step evaluated again
+    _numeric(5)  # outside the block: every check runs
+    assert len(evaluations) > 2 * ran - 2 and not list(tmp_path.iterdir())
+
+
+def test_inside_shared_in_process_a_failing_check_runs_every_time(tmp_path, monkeypatch, test_rules):
+    monkeypatch.delenv(checkcache.ENV, raising=False)
+    spec = tmp_path / "bad.yaml"
+    spec.write_text(GEMM.read_text().split("schedule:")[0] + "schedule:\n  - {rule: test_corrupt, factor: 1.5}\n")
+    with checkcache.shared_in_process():
+        for _ in range(2):
+            with pytest.raises(DerivationError, match="numeric check failed"):
+                derive(load_spec_file(spec), str(spec), seed=3)

@@ -326,3 +326,21 @@ def test_parse_sass_handles_predicates_and_modifiers():
     kernels = sass.parse_sass(text)
     assert kernels["k"] == {"LDC": 1, "HMMA": 1, "LDGSTS": 1, "STL": 1}
     assert kernels["j"] == {"EXIT": 1}
+
+
+@needs_sass
+def test_the_listing_of_both_tools_matches_cuobjdump_sass(monkeypatch):
+    """With both tools the instructions come from `nvdisasm -c -ndf` and the resources from
+    `cuobjdump -res-usage`: the same opcode counts and registers as `cuobjdump -sass -res-usage`."""
+    from codegen.cuda import toolchain
+
+    if toolchain.find_tool("nvdisasm") is None or toolchain.find_tool("cuobjdump") is None:
+        pytest.skip("needs both nvdisasm and cuobjdump")
+    cubin = nvrtc.compile_cubin(MMA_SRC, "mma.cu", SM90A).cubin
+    both = sass.disassemble(cubin)
+    real = toolchain.find_tool
+    monkeypatch.setattr(toolchain, "find_tool", lambda n: None if n == "nvdisasm" else real(n))
+    alone = sass.disassemble(cubin)
+    assert (both.tool, alone.tool) == ("nvdisasm", "cuobjdump")
+    assert both.kernels == alone.kernels and both.counts == alone.counts and both.has_hmma
+    assert both.resources == alone.resources and both.registers is not None and both.registers > 0
