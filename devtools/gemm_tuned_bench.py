@@ -36,15 +36,9 @@ BUILDS = {"gemm_tuned": "gemm_splitk_tiles_tuned.yaml", "gemm_bf16": "gemm_wgmma
 
 
 def prepare(outdir: Path) -> None:
-    from compiler.cli import build_to
+    from prebuild import prepare_named
 
-    outdir.mkdir(parents=True, exist_ok=True)
-    for name, example in BUILDS.items():
-        t0 = time.monotonic()
-        build_to(ROOT / "examples" / example, outdir / name, seed=0, proofs=False)
-        print(f"built {example} into {outdir / name} in {time.monotonic() - t0:.0f} s", flush=True)
-    size = sum(p.stat().st_size for p in outdir.rglob("*") if p.is_file())
-    print(f"{outdir}: {size / 2**20:.1f} MiB", flush=True)
+    prepare_named(outdir, BUILDS)
 
 
 def _write(out: Path, record: dict) -> None:

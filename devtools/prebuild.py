@@ -52,6 +52,20 @@ def _build(args: tuple[str, str]) -> tuple[str, float, str | None]:
     return spec.stem, time.time() - t, None
 
 
+def prepare_named(outdir: Path, builds: dict[str, str]) -> None:
+    """The bench scripts' `prepare`: examples/<file> built into outdir/<name> (seed 0, no proofs),
+    one line each, then the directory's size (what the GPU call will carry)."""
+    from compiler.cli import build_to
+
+    outdir.mkdir(parents=True, exist_ok=True)
+    for name, example in builds.items():
+        t0 = time.monotonic()
+        build_to(ROOT / "examples" / example, outdir / name, seed=0, proofs=False)
+        print(f"built {example} into {outdir / name} in {time.monotonic() - t0:.0f} s", flush=True)
+    size = sum(p.stat().st_size for p in outdir.rglob("*") if p.is_file())
+    print(f"{outdir}: {size / 2**20:.1f} MiB", flush=True)
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 2:
         raise SystemExit(__doc__)

@@ -9,17 +9,14 @@ reference is the formula in float64 (not the IR)."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
-import yaml
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
-EX = Path(__file__).resolve().parents[2] / "examples" / "pending"  # parked: see the files
 LENGTHS = (1, 77, 333, 1000, 4096)
 LAYOUTS = ("length_1", "one_document", "distinct_ids", "runs", "long_documents")
 EXAMPLES = {"wgmma": ("attention_document_mask", 128), "mma_sync": ("attention_document_mask_mma", 64)}
@@ -28,17 +25,9 @@ EXAMPLES = {"wgmma": ("attention_document_mask", 128), "mma_sync": ("attention_d
 @pytest.fixture(scope="module")
 def kernels(tmp_path_factory):
     """Each example built once (without proofs: the check here is the run against float64)."""
-    import derivc
-    from compiler.cli import build_to
+    from prebuilt import load_pending
 
-    root = tmp_path_factory.mktemp("docmask")
-    out = {}
-    for mapping, (name, _) in EXAMPLES.items():
-        path = root / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(yaml.safe_load((EX / f"{name}.yaml").read_text()), sort_keys=False))
-        build_to(path, root / name, proofs=False)
-        out[mapping] = derivc.load(root / name)
-    return out
+    return load_pending(tmp_path_factory.mktemp("docmask"), EXAMPLES)
 
 
 def _documents(layout: str, B: int, N: int, gen) -> "torch.Tensor":

@@ -7,33 +7,22 @@ formula): sequences of length 1, one sequence, random lengths 1 to 700 and 128 t
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
-import yaml
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
-EX = Path(__file__).resolve().parents[2] / "examples" / "pending"  # parked: see the files
 EXAMPLES = {"wgmma": ("attention_varlen", 128), "mma_sync": ("attention_varlen_mma", 64)}
 
 
 @pytest.fixture(scope="module")
 def kernels(tmp_path_factory):
-    import derivc
-    from compiler.cli import build_to
+    from prebuilt import load_pending
 
-    root = tmp_path_factory.mktemp("varlen")
-    out = {}
-    for mapping, (name, _) in EXAMPLES.items():
-        path = root / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(yaml.safe_load((EX / f"{name}.yaml").read_text()), sort_keys=False))
-        build_to(path, root / name, proofs=False)
-        out[mapping] = derivc.load(root / name)
-    return out
+    return load_pending(tmp_path_factory.mktemp("varlen"), EXAMPLES)
 
 
 def _lengths(layout: str, gen) -> list[int]:
