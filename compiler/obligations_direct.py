@@ -36,6 +36,10 @@ _BINDER_HEADS = {
 # older algorithm, which took ~0.1 s a node on a row of 8192 columns
 _REFINE = {"sumTo_ext_eq": 6, "maxTo_ext_eq": 6, "mma16_ext": 3, "foldN_ext": 9, "sel_congr": 7,
            "f_equal": 2, "f_equal2": 3, "f_equal3": 4, "f_equal4": 5, "f_equal5": 6}
+# the congruence lemmas of the printed descent (and foldN_trunc_eq, which derivc_congr's search
+# applies too): proof engineering for coqc's speed, not a rule's content — the Lean obligation
+# keeps the congruence search (derivc_congr) in their place
+DESCENT_LEMMAS = frozenset(_REFINE) | {"foldN_trunc_eq"}
 
 
 def _use(lemma: str) -> str:
