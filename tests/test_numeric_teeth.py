@@ -86,7 +86,15 @@ def mutate_rewrite(monkeypatch, rule: str, mutant) -> None:
 
 
 def step_of(spec: dict, rule: str, **params) -> int:
-    return next(k for k, s in enumerate(spec["schedule"], 1)
+    """The step number of the rule in the default variant's schedule (a `when:` step the default
+    choice excludes is dropped before numbering, as the build numbers them)."""
+    default = {k: v[0] for k, v in (spec.get("variants") or {}).items()}
+
+    def applies(s: dict) -> bool:
+        return all(default[k] in (v if isinstance(v, list) else [v]) for k, v in (s.get("when") or {}).items())
+
+    steps = [s for s in spec["schedule"] if applies(s)]
+    return next(k for k, s in enumerate(steps, 1)
                 if s["rule"] == rule and all(s.get(n) == v for n, v in params.items()))
 
 
