@@ -53,7 +53,7 @@ from .obligations_fold import ob_fold_stat, ob_fuse_sums, ob_map_mma, ob_mask, o
 from .obligations_site import _finish, _site
 from .obligations_frame import others_thm, store_frame
 from .obligations_safety import safety_index, safety_obligation
-from .obligations_terms import A, ExportError, N, V, conj
+from .obligations_terms import A, ExportError, N, V, _coq_nat, conj
 
 __all__ = ["Obligation", "Thm", "coq_text", "lean_text", "obligation_for", "write_obligations"]
 
@@ -71,7 +71,7 @@ def ob_tile(rec, before: Program, after: Program) -> Obligation:
     if n_outer is None:
         raise ExportError("the tiled reduction is not where the site was")
     thm = "sumTo_tile_guard" if site.op == "sum" else "maxTo_tile_guard"
-    inst = f"{thm} ({_c(b[2][0])}) ({_c(n_outer)}) {p.size} ({_c(_lam_of(b))})"
+    inst = f"{thm} ({_c(b[2][0])}) ({_c(n_outer)}) {_coq_nat(p.size)} ({_c(_lam_of(b))})"
     proof = (f"intros.\n  etransitivity.\n  {{ apply ({inst}). first [ apply ceilDiv_ge; lia | lia ]. }}\n"
              f"  derivc_congr.")
     lean = (f"by\n  intros\n  refine Eq.trans ({thm} ({_l(b[2][0])}) ({_l(n_outer)}) {p.size} ({_l(_lam_of(b))})\n"
@@ -91,7 +91,7 @@ def ob_tile_loop(rec, before: Program, after: Program) -> Obligation:
     bd, ad = _def_pair(before, after, p.def_)
     lp = next(x for x in bd.loops if x.var == p.index)
     num, div = lp.ext.single()
-    outer, inner, t = f["outer"], f["inner"], p.size
+    outer, inner, t = f["outer"], f["inner"], _coq_nat(p.size)
     ex = _exporter(before, after)
     other = [x for x in bd.loops if x.var != p.index]
     env_o = {x.var: ("idx", V("i_" + x.var)) for x in other}

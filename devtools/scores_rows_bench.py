@@ -107,7 +107,8 @@ def _build(spec: dict) -> Path:
 
 
 def _spec(example: str, name: str | None = None, **sizes) -> dict:
-    spec = yaml.safe_load((ROOT / "examples" / f"{example}.yaml").read_text())
+    path = ROOT / "examples" / f"{example}.yaml"
+    spec = yaml.safe_load((path if path.exists() else ROOT / "examples" / "pending" / f"{example}.yaml").read_text())
     spec["sizes"].update(sizes)
     spec["name"] = name or example
     return spec

@@ -341,3 +341,15 @@ def test_lean_obligations_mirror_the_coq_proofs(built, name):
             lean_used = set(re.findall(r"[A-Za-z_][\w']*", lean[thm]))
             assert used <= lean_used, (v.name, thm, sorted(used - lean_used))
             assert "sorry" not in lean[thm]
+
+
+def test_a_tile_of_8192_along_a_fixed_extent_checks_in_coqc(tmp_path, coq_lib):
+    """TILE's instance names the tile size the way the terms do: from 5000 on Coq reads a numeral
+    as an opaque Nat.of_num_uint application, so a raw `8192` beside the statement's `(2 * 4096)`
+    left derivc_congr no applicable tactic (the parked one-pass vocabulary softmax, C = 50257)."""
+    spec = ROOT / "examples" / "pending" / "softmax_vocab_online.yaml"
+    d = derive(load_spec_file(spec), str(spec), check=False)
+    obligations.write_obligations(d, tmp_path)
+    tile = tmp_path / "Step02_TILE.v"
+    assert "sumTo_tile_guard" in tile.read_text() and " (2 * 4096) (fun" in tile.read_text()
+    assert _check([tile], coq_lib) == {tile.name: True}
