@@ -91,7 +91,7 @@ def ob_tile_loop(rec, before: Program, after: Program) -> Obligation:
     bd, ad = _def_pair(before, after, p.def_)
     lp = next(x for x in bd.loops if x.var == p.index)
     num, div = lp.ext.single()
-    outer, inner, t = f["outer"], f["inner"], _coq_nat(p.size)
+    outer, inner, t = f["outer"], f["inner"], p.size
     ex = _exporter(before, after)
     other = [x for x in bd.loops if x.var != p.index]
     env_o = {x.var: ("idx", V("i_" + x.var)) for x in other}
