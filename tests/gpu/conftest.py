@@ -30,3 +30,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+
+
+@pytest.fixture(scope="module")
+def torch():
+    """torch with a CUDA device (the GPU tests' reference math and tensors), else the test skips."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    return torch

@@ -27,14 +27,6 @@ B, H = 2, 3
 TOL = 1e-2  # f16 inputs and outputs, f32 accumulation: the norm-wise error of the forward's checks
 
 
-@pytest.fixture(scope="module")
-def torch():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
-    return torch
-
-
 @pytest.fixture(scope="module", params=sorted(EXAMPLES))
 def built(request, tmp_path_factory) -> tuple[str, Path, bool, int]:
     import derivc

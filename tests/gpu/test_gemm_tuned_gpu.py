@@ -29,14 +29,6 @@ TARGETS = [(8192, 8192, 8192), (4096, 4096, 4096), (2048, 2048, 2048), (1000, 10
 TAILS = [(150, 270, 300), (130, 264, 100), (64, 256, 1), (257, 520, 1000), (5, 8, 70)]
 
 
-@pytest.fixture(scope="module")
-def torch():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
-    return torch
-
-
 @lru_cache(maxsize=None)
 def build_dir() -> Path:
     import tempfile

@@ -85,14 +85,6 @@ def reference(torch, q, k, v, causal: bool):
     return torch.einsum("bhgij,bhjd->bhgid", torch.softmax(s, dim=-1), v.double())
 
 
-@pytest.fixture(scope="module")
-def torch():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
-    return torch
-
-
 @pytest.mark.parametrize("nk", [1, 77, 4096])
 @pytest.mark.parametrize("nq", [1, 4, 16])
 @pytest.mark.parametrize("g", [1, 4, 8])

@@ -186,14 +186,6 @@ REFERENCES: dict[str, Ref] = {
 # -- the run -------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def torch():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
-    return torch
-
-
-@pytest.fixture(scope="module")
 def trainings(tmp_path_factory):
     import derivc
     from compiler.cli import build_to

@@ -50,14 +50,6 @@ def load_splitk(splits: int):
     return chain
 
 
-@pytest.fixture(scope="module")
-def torch():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
-    return torch
-
-
 def inputs(torch, m: int, n: int, k: int, seed: int):
     g = torch.Generator(device="cuda").manual_seed(seed)
     a = torch.randn(m, k, device="cuda", generator=g).half()

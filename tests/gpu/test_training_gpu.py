@@ -103,14 +103,6 @@ def test_cupy_graph_capture_of_forward_and_backward(built):
 
 # -- torch ------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def torch():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
-    return torch
-
-
 def _torch_ref(torch, x, w):
     x64 = x.detach().double().requires_grad_(True)
     y = torch.softmax(x64, dim=1)
