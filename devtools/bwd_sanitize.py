@@ -35,7 +35,9 @@ def main(argv: list[str]) -> int:
     if not argv:
         raise SystemExit(__doc__)
     prebuilt, rest = Path(argv[0]).resolve(), argv[1:]
-    select = TAILS if not rest else f"({TAILS}) and ({rest[rest.index('-k') + 1]})"
+    if rest and (len(rest) != 2 or rest[0] != "-k"):
+        raise SystemExit(__doc__)
+    select = f"({TAILS}) and ({rest[1]})" if rest else TAILS
     env = {**os.environ, "DERIVC_PREBUILT": str(prebuilt)}
     bad = 0
     for tool in TOOLS:
